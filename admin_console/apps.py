@@ -1,0 +1,5 @@
+from django.apps import AppConfig
+
+
+class AdminConsoleConfig(AppConfig):
+    name = "admin_console"

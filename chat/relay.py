@@ -1,0 +1,80 @@
+"""The SSE relay: turn a request's result stream into the browser's event stream.
+
+Replays from the client's Last-Event-ID, then follows live; while the request waits in the
+queue it sends `status` events with the position and ETA, and a heartbeat comment whenever
+the stream has been quiet for the heartbeat interval.
+"""
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+
+from django.conf import settings
+
+from chat.sse import sse_comment, sse_event, sse_retry
+from scheduler.queues import claimed_position, queue_state_async
+from scheduler.redis import async_redis
+from scheduler.results import TERMINAL_EVENTS, ResultEvent, result_follower
+
+
+async def _queued_status(variant: str, tier: str, seq: int) -> dict:
+    client = async_redis()
+    position = await claimed_position(client, variant=variant, tier=tier, seq=seq)
+    if position == 0:
+        return {"state": "starting"}
+    state = await queue_state_async(client, variant=variant, tier=tier)
+    return {
+        "state": "queued",
+        "position": position,
+        "eta_s": round(position / state.drain_rate_per_s, 1),
+    }
+
+
+def _sse_for(event: ResultEvent) -> bytes | None:
+    if event.type == "start":
+        return sse_event("status", {"state": "running"}, event.id)
+    if event.type in {"token", "reset", "done", "error"}:
+        return sse_event(event.type, event.data, event.id)
+    return None
+
+
+async def relay_events(*, variant: str, request_id: str, after_id: str) -> AsyncIterator[bytes]:
+    heartbeat_s = settings.SSE_HEARTBEAT_S
+    status_s = settings.SSE_STATUS_INTERVAL_S
+    async with result_follower().subscribe(
+        variant=variant, request_id=request_id, after_id=after_id
+    ) as subscription:
+        yield sse_retry(2000)
+        queued: tuple[str, int] | None = None  # (tier, seq) while waiting in the queue
+        last_write = last_status = time.monotonic()
+        while True:
+            now = time.monotonic()
+            wait = heartbeat_s - (now - last_write)
+            if queued is not None:
+                wait = min(wait, status_s - (now - last_status))
+            try:
+                event = await asyncio.wait_for(subscription.events.get(), timeout=max(wait, 0))
+            except TimeoutError:
+                now = time.monotonic()
+                if queued is not None and now - last_status >= status_s:
+                    status = await _queued_status(variant, *queued)
+                    yield sse_event("status", status, subscription.cursor)
+                    last_status = last_write = now
+                elif now - last_write >= heartbeat_s:
+                    yield sse_comment("heartbeat")
+                    last_write = now
+                continue
+            if event.type == "queued":
+                queued = (event.data["tier"], int(event.data["seq"]))
+                status = await _queued_status(variant, *queued)
+                frame = sse_event("status", status, event.id)
+                last_status = time.monotonic()
+            else:
+                if event.type == "start":
+                    queued = None
+                frame = _sse_for(event)
+            if frame is not None:
+                yield frame
+                last_write = time.monotonic()
+            if event.type in TERMINAL_EVENTS:
+                return

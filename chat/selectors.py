@@ -1,0 +1,50 @@
+"""Reads for the chat: what a client (account or guest session) may see."""
+
+from typing import Any
+from uuid import UUID
+
+from django.db.models import Q, QuerySet
+
+from chat.models import Conversation, Message, User
+
+
+def _owned_by(user: User | None, session_key: str | None) -> Q:
+    if user is not None and user.is_authenticated:
+        return Q(owner=user)
+    if session_key:
+        return Q(owner__isnull=True, session_key=session_key)
+    return Q(pk__in=[])
+
+
+def conversation_get(*, conversation_id: UUID, user: User | None, session_key: str | None) -> Conversation:
+    """Raises Conversation.DoesNotExist for unknown ids and for other clients' conversations."""
+    return Conversation.objects.get(_owned_by(user, session_key), pk=conversation_id)
+
+
+def conversation_latest(*, user: User | None, session_key: str | None) -> Conversation | None:
+    return Conversation.objects.filter(_owned_by(user, session_key)).first()
+
+
+def conversation_list(
+    *, user: User | None, session_key: str | None, limit: int = 20
+) -> QuerySet[Conversation]:
+    return Conversation.objects.filter(_owned_by(user, session_key))[:limit]
+
+
+def conversation_messages(*, conversation: Conversation) -> QuerySet[Message]:
+    return conversation.messages.all()
+
+
+def assistant_message_get(*, request_id: UUID, user: User | None, session_key: str | None) -> Message:
+    """Raises Message.DoesNotExist for unknown request ids and for other clients' requests."""
+    owned = Q(conversation__in=Conversation.objects.filter(_owned_by(user, session_key)).values("pk"))
+    return Message.objects.get(owned, request_id=request_id, role=Message.Role.ASSISTANT)
+
+
+def assistant_message_state(*, request_id: str) -> dict[str, Any] | None:
+    """The stored outcome of a request, for a worker that takes over a reclaimed job."""
+    return (
+        Message.objects.filter(request_id=request_id)
+        .values("status", "content", "finish_reason", "error_code")
+        .first()
+    )

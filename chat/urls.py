@@ -1,0 +1,14 @@
+from django.urls import path
+
+from chat import views
+
+app_name = "chat"
+
+urlpatterns = [
+    path("", views.home, name="home"),
+    path("chat/conversations", views.conversation_new, name="conversation_new"),
+    path("chat/<uuid:conversation_id>", views.conversation_page, name="conversation"),
+    path("chat/<uuid:conversation_id>/messages", views.message_post, name="message_post"),
+    path("chat/requests/<uuid:request_id>/cancel", views.request_cancel, name="request_cancel"),
+    path("chat/stream/<uuid:request_id>", views.stream, name="stream"),
+]

@@ -1,0 +1,181 @@
+"""Django settings. Every environment read goes through config.env; defaults run the demo."""
+
+from pathlib import Path
+
+import dj_database_url
+
+from config.env import env_bool, env_float, env_int, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = BASE_DIR / "var"
+
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "insecure-dev-key-change-me-in-production")
+DEBUG = env_bool("DJANGO_DEBUG", False)
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
+CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    # inference comes before channels so its `runworker` extends Channels' command.
+    "inference",
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "channels",
+    "django_htmx",
+    "chat",
+    "scheduler",
+    "admin_console",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+DATABASES = {
+    "default": dj_database_url.parse(
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"), conn_max_age=60
+    )
+}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL lets the web, worker and Celery processes read while one of them writes.
+    DATABASES["default"]["CONN_MAX_AGE"] = 0
+    DATABASES["default"]["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+
+AUTH_USER_MODEL = "chat.User"
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "chat:home"
+LOGOUT_REDIRECT_URL = "chat:home"
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+SESSION_COOKIE_AGE = 60 * 60 * 24 * 30
+SESSION_COOKIE_HTTPONLY = True
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = VAR_DIR / "staticfiles"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+
+CHANNEL_LAYERS = {
+    "default": {
+        "BACKEND": "channels_redis.core.RedisChannelLayer",
+        "CONFIG": {"hosts": [REDIS_URL], "prefix": "llm:channels:"},
+    }
+}
+
+CELERY_BROKER_URL = REDIS_URL
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+
+# --- chat -------------------------------------------------------------------------------
+CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 4000)
+CHAT_HISTORY_MESSAGES = env_int("CHAT_HISTORY_MESSAGES", 12)
+CHAT_SYSTEM_PROMPT = env_str(
+    "CHAT_SYSTEM_PROMPT",
+    "You are a friendly, concise customer-service assistant. Answer in a few sentences.",
+)
+GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
+
+# --- generation and streaming -------------------------------------------------------------
+GENERATION_MAX_TOKENS = env_int("GENERATION_MAX_TOKENS", 256)
+GENERATION_TEMPERATURE = env_float("GENERATION_TEMPERATURE", 0.7)
+GENERATION_TOP_P = env_float("GENERATION_TOP_P", 0.95)
+GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
+SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
+SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 1.0)
+RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
+
+# --- scheduling -----------------------------------------------------------------------------
+# One policy per tier; `max_queued` bounds the tier's queue, `wait_slo_s` is the longest
+# predicted wait that is still admitted.
+RATE_LIMIT_POLICIES = {
+    "vip": {
+        "bucket_capacity": env_int("RATE_LIMIT_VIP_CAPACITY", 20),
+        "refill_per_s": env_float("RATE_LIMIT_VIP_REFILL_PER_S", 1.0),
+        "max_queued": env_int("QUEUE_MAX_VIP", 200),
+        "wait_slo_s": env_float("WAIT_SLO_VIP_S", 10.0),
+    },
+    "normal": {
+        "bucket_capacity": env_int("RATE_LIMIT_NORMAL_CAPACITY", 6),
+        "refill_per_s": env_float("RATE_LIMIT_NORMAL_REFILL_PER_S", 0.2),
+        "max_queued": env_int("QUEUE_MAX_NORMAL", 500),
+        "wait_slo_s": env_float("WAIT_SLO_NORMAL_S", 60.0),
+    },
+}
+JOB_LEASE_S = env_float("JOB_LEASE_S", 15.0)
+JOB_MAX_ATTEMPTS = env_int("JOB_MAX_ATTEMPTS", 3)
+WORKER_HEARTBEAT_S = env_float("WORKER_HEARTBEAT_S", 1.0)
+WORKER_HEARTBEAT_TTL_S = env_float("WORKER_HEARTBEAT_TTL_S", 5.0)
+WORKER_DRAIN_TIMEOUT_S = env_float("WORKER_DRAIN_TIMEOUT_S", 30.0)
+# A worker's guess of how long an answer takes until it has measured some (wait predictions).
+SERVICE_TIME_PRIOR_S = env_float("SERVICE_TIME_PRIOR_S", 10.0)
+
+# --- inference worker -----------------------------------------------------------------------
+INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "vllm")
+INFERENCE_MODEL = env_str("INFERENCE_MODEL", str(VAR_DIR / "models" / "SmolLM2-135M-Instruct"))
+INFERENCE_VARIANT = env_str("INFERENCE_VARIANT", "stable")
+INFERENCE_MAX_NUM_SEQS = env_int("INFERENCE_MAX_NUM_SEQS", 16)
+INFERENCE_MAX_MODEL_LEN = env_int("INFERENCE_MAX_MODEL_LEN", 2048)
+INFERENCE_KV_CACHE_GIB = env_int("INFERENCE_KV_CACHE_GIB", 1)
+INFERENCE_GPU_MEMORY_UTILIZATION = env_float("INFERENCE_GPU_MEMORY_UTILIZATION", 0.9)
+VIP_RESERVED_SLOTS = env_int("VIP_RESERVED_SLOTS", 2)
+# The simulated engine's cost model (seconds); zero costs make it a pure token source.
+SIMULATED_PREFILL_S_PER_TOKEN = env_float("SIMULATED_PREFILL_S_PER_TOKEN", 0.0002)
+SIMULATED_DECODE_BASE_S = env_float("SIMULATED_DECODE_BASE_S", 0.02)
+SIMULATED_DECODE_PER_SEQ_S = env_float("SIMULATED_DECODE_PER_SEQ_S", 0.002)
+SIMULATED_OUTPUT_TOKENS = env_int("SIMULATED_OUTPUT_TOKENS", 40)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}},
+}
+
+CELERY_BEAT_SCHEDULE = {
+    "purge-guest-conversations": {"task": "chat.tasks.purge_guest_conversations", "schedule": 3600.0},
+}

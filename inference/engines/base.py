@@ -1,0 +1,62 @@
+"""The engine interface the worker drives: one async generator per request, abort, stats.
+
+Two implementations live beside this file: `vllm` (production) and `simulated` (a cost model
+for fast tests and scheduling benchmarks). `inference.engines.build_engine` picks one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+
+class EngineDeadError(RuntimeError):
+    """The engine can no longer serve any request; the worker must stop and hand jobs back."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationRequest:
+    request_id: str
+    messages: list[dict[str, str]]  # OpenAI-style [{"role": ..., "content": ...}]
+    max_tokens: int = 256
+    temperature: float = 0.7
+    top_p: float = 1.0
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """What one engine step produced for one request."""
+
+    text: str
+    output_tokens: int  # cumulative output tokens so far
+    prompt_tokens: int
+    finish_reason: str | None = None  # "stop" | "length" | "abort" on the last delta
+
+
+@dataclass(frozen=True, slots=True)
+class EngineStats:
+    running: int
+    waiting: int
+    kv_cache_usage: float  # 0..1
+    memory_used_bytes: int
+    memory_total_bytes: int
+    memory_source: str  # "cuda" on a GPU, else "process-rss" (the engine process's memory)
+
+
+class Engine(Protocol):
+    label: str  # shown wherever output is displayed, e.g. "vllm:SmolLM2-135M-Instruct"
+    max_num_seqs: int
+
+    async def start(self) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        """Stream deltas; closing the iterator early aborts the request in the engine."""
+        ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats: ...
+
+    async def shutdown(self) -> None: ...

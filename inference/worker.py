@@ -1,0 +1,432 @@
+"""The inference worker: claim jobs while there are free sequence slots, run them through the
+engine, publish their tokens, store the answers, and keep the registry told that it is alive.
+
+One worker process serves one model variant. Claims go VIP first; `vip_reserved_slots` slots
+are never filled with normal traffic. Jobs are acknowledged only after the answer is stored,
+so a worker that dies leaves its jobs pending, and another worker takes them over once their
+lease runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import redis
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from chat import selectors as chat_selectors
+from chat import services as chat_services
+from chat.models import Message
+from inference.engines import build_engine
+from inference.engines.base import Engine, EngineDeadError, GenerationRequest
+from scheduler import control, workers
+from scheduler.queues import Job, JobQueue
+from scheduler.redis import async_redis
+from scheduler.results import ResultPublisher
+
+logger = logging.getLogger(__name__)
+
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerConfig:
+    variant: str
+    vip_reserved_slots: int
+    lease_s: float
+    max_attempts: int
+    generation_timeout_s: float
+    heartbeat_s: float
+    drain_timeout_s: float
+    service_time_prior_s: float
+
+    @classmethod
+    def from_settings(cls) -> WorkerConfig:
+        return cls(
+            variant=settings.INFERENCE_VARIANT,
+            vip_reserved_slots=settings.VIP_RESERVED_SLOTS,
+            lease_s=settings.JOB_LEASE_S,
+            max_attempts=settings.JOB_MAX_ATTEMPTS,
+            generation_timeout_s=settings.GENERATION_TIMEOUT_S,
+            heartbeat_s=settings.WORKER_HEARTBEAT_S,
+            drain_timeout_s=settings.WORKER_DRAIN_TIMEOUT_S,
+            service_time_prior_s=settings.SERVICE_TIME_PRIOR_S,
+        )
+
+
+@dataclass(eq=False)
+class _Running:
+    job: Job
+    task: asyncio.Task[None] | None = None
+    cancel_requested: bool = False
+    text: list[str] = field(default_factory=list)
+
+
+class InferenceWorker:
+    def __init__(self, engine: Engine, config: WorkerConfig) -> None:
+        self.engine = engine
+        self.config = config
+        self.slots = engine.max_num_seqs
+        self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.running: dict[str, _Running] = {}
+        self.draining = False
+        self.fatal: BaseException | None = None
+        self.mean_service_s = config.service_time_prior_s  # smoothed over finished answers
+        self._slot_freed = asyncio.Event()
+        self._stopped = asyncio.Event()
+
+    @classmethod
+    def from_settings(cls) -> InferenceWorker:
+        return cls(build_engine(), WorkerConfig.from_settings())
+
+    # --- lifecycle -------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Serve until drained or the engine dies (then raise EngineDeadError)."""
+        client = async_redis()
+        self.queue = JobQueue(client, variant=self.config.variant, consumer=self.worker_id)
+        self.publisher = ResultPublisher(client)
+        started = time.monotonic()
+        await self.engine.start()
+        logger.info(
+            "worker %s: engine %s ready in %.1fs, %d slots (%d reserved for VIP), variant %s",
+            self.worker_id,
+            self.engine.label,
+            time.monotonic() - started,
+            self.slots,
+            self.config.vip_reserved_slots,
+            self.config.variant,
+        )
+        await self._retrying(self.queue.ensure_groups)
+        background = [
+            asyncio.create_task(coro, name=name)
+            for name, coro in [
+                ("publisher", self.publisher.run()),
+                ("heartbeat", self._heartbeat_loop()),
+                ("control", self._control_loop()),
+                ("leases", self._lease_loop()),
+            ]
+        ]
+        try:
+            await self._claim_loop()
+            await self._finish_running()
+        finally:
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            await self._retrying(
+                lambda: workers.heartbeat_remove(
+                    client, worker_id=self.worker_id, variant=self.config.variant
+                )
+            )
+            await self.engine.shutdown()
+        if self.fatal is not None:
+            raise EngineDeadError(str(self.fatal)) from self.fatal
+
+    def drain(self) -> None:
+        """Stop claiming; running answers finish (up to the drain timeout), the rest go back."""
+        if not self.draining:
+            logger.info("worker %s: draining (%d running)", self.worker_id, len(self.running))
+        self.draining = True
+        self._stopped.set()
+        self._slot_freed.set()
+
+    async def _finish_running(self) -> None:
+        tasks = [r.task for r in self.running.values() if r.task is not None]
+        if tasks and self.fatal is None:
+            await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
+        for entry in list(self.running.values()):
+            await self._retrying(lambda job=entry.job: self.queue.release(job))
+            if entry.task is not None:
+                entry.task.cancel()
+        await asyncio.gather(*(r.task for r in self.running.values() if r.task), return_exceptions=True)
+
+    # --- claiming ----------------------------------------------------------------------------
+
+    def _normal_room(self) -> int:
+        running_normal = sum(1 for r in self.running.values() if r.job.tier != "vip")
+        return max(0, self.slots - self.config.vip_reserved_slots - running_normal)
+
+    async def _claim_loop(self) -> None:
+        while not self.draining:
+            free = self.slots - len(self.running)
+            if free <= 0:
+                self._slot_freed.clear()
+                await self._wait(self._slot_freed, 1.0)
+                continue
+            try:
+                jobs = await self.queue.claim(
+                    total=free, per_tier={"vip": free, "normal": self._normal_room()}
+                )
+                if not jobs:
+                    tiers = ["vip", "normal"] if self._normal_room() > 0 else ["vip"]
+                    jobs = await self.queue.claim_blocking(tiers, timeout_s=1.0)
+            except REDIS_ERRORS as exc:
+                logger.warning("worker %s: claiming failed (%s); retrying", self.worker_id, exc)
+                await self._wait(self._stopped, 0.5)
+                continue
+            await self._start_jobs(jobs)
+
+    async def _start_jobs(self, jobs: list[Job]) -> None:
+        if not jobs:
+            return
+        cancelled = await self._retrying(
+            lambda: control.cancelled_request_ids(self.queue.client, [j.request_id for j in jobs])
+        )
+        for job in jobs:
+            entry = _Running(job=job, cancel_requested=job.request_id in cancelled)
+            self.running[job.request_id] = entry
+            entry.task = asyncio.create_task(self._serve(entry), name=f"job-{job.request_id}")
+
+    # --- serving one job ------------------------------------------------------------------------
+
+    def _emit(self, job: Job, kind: str, data: dict) -> asyncio.Future[None]:
+        return self.publisher.emit(job.variant, job.request_id, kind, data)
+
+    async def _serve(self, entry: _Running) -> None:
+        job = entry.job
+        try:
+            await self._serve_job(entry)
+        except EngineDeadError as exc:
+            logger.error("worker %s: engine died: %s", self.worker_id, exc)
+            self.fatal = exc
+            self.drain()
+            return  # stays in `running`: _finish_running hands it back to the queue
+        except asyncio.CancelledError:
+            if self.draining:
+                return  # likewise handed back
+            raise
+        except Exception:
+            logger.exception("worker %s: job %s failed", self.worker_id, job.request_id)
+            self._release_slot(job)
+            return  # left unacknowledged: taken over after its lease, up to max_attempts
+        await self._retrying(lambda: self.queue.ack(job))
+        self._release_slot(job)
+
+    def _release_slot(self, job: Job) -> None:
+        self.running.pop(job.request_id, None)
+        self._slot_freed.set()
+
+    async def _serve_job(self, entry: _Running) -> None:
+        job = entry.job
+        if job.attempt > 1:
+            stored = await database_sync_to_async(chat_selectors.assistant_message_state)(
+                request_id=job.request_id
+            )
+            if stored is not None and stored["status"] != Message.Status.PENDING:
+                return  # finished before the previous worker could acknowledge it
+            self._emit(job, "reset", {"reason": "worker_restarted", "attempt": job.attempt})
+        if entry.cancel_requested:
+            await self._finish(job, text="", status=Message.Status.CANCELLED, finish_reason="cancelled")
+            return
+        self._emit(job, "start", {"worker": self.worker_id, "variant": job.variant, "attempt": job.attempt})
+        payload = job.payload
+        request = GenerationRequest(
+            request_id=job.request_id,
+            messages=payload["messages"],
+            max_tokens=payload.get("max_tokens", settings.GENERATION_MAX_TOKENS),
+            temperature=payload.get("temperature", settings.GENERATION_TEMPERATURE),
+            top_p=payload.get("top_p", settings.GENERATION_TOP_P),
+            stop=payload.get("stop", []),
+        )
+        started = time.monotonic()
+        ttft_ms: float | None = None
+        finish_reason = "stop"
+        usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        try:
+            async with asyncio.timeout(self.config.generation_timeout_s):
+                async for delta in self.engine.generate(request):
+                    if delta.text:
+                        if ttft_ms is None:
+                            ttft_ms = (time.monotonic() - started) * 1000
+                        self._emit(job, "token", {"seq": len(entry.text), "text": delta.text})
+                        entry.text.append(delta.text)
+                    usage = {"prompt_tokens": delta.prompt_tokens, "completion_tokens": delta.output_tokens}
+                    if delta.finish_reason is not None:
+                        finish_reason = delta.finish_reason
+        except TimeoutError:
+            await self._finish(
+                job,
+                text="".join(entry.text),
+                status=Message.Status.ERROR,
+                error_code="timeout",
+                error_message=(
+                    f"The answer took longer than {self.config.generation_timeout_s:.0f} s and was stopped."
+                ),
+            )
+            return
+        except asyncio.CancelledError:
+            if not entry.cancel_requested or self.draining:
+                raise
+            finish_reason = "abort"
+        if finish_reason == "abort":
+            status, finish_reason = Message.Status.CANCELLED, "cancelled"
+        else:
+            status = Message.Status.DONE
+            self.mean_service_s += 0.2 * (time.monotonic() - started - self.mean_service_s)
+        timings = {
+            "queue_ms": round(
+                (time.time() - job.enqueued_at) * 1000 - (time.monotonic() - started) * 1000, 1
+            ),
+            "ttft_ms": round(ttft_ms, 1) if ttft_ms is not None else None,
+            "duration_ms": round((time.monotonic() - started) * 1000, 1),
+            "engine": self.engine.label,
+        }
+        await self._finish(
+            job,
+            text="".join(entry.text),
+            status=status,
+            finish_reason=finish_reason,
+            usage=usage,
+            timings=timings,
+        )
+
+    async def _finish(
+        self,
+        job: Job,
+        *,
+        text: str,
+        status: str,
+        finish_reason: str = "",
+        error_code: str = "",
+        error_message: str = "",
+        usage: dict | None = None,
+        timings: dict | None = None,
+    ) -> None:
+        """Store the answer, then publish the terminal event (so a reload after `done` shows it)."""
+        await database_sync_to_async(chat_services.assistant_message_finish)(
+            request_id=job.request_id,
+            content=text,
+            status=status,
+            finish_reason=finish_reason,
+            error_code=error_code,
+            usage=usage,
+            timings=timings,
+        )
+        if error_code:
+            event = self._emit(job, "error", {"code": error_code, "message": error_message})
+        else:
+            event = self._emit(
+                job, "done", {"finish_reason": finish_reason, "usage": usage or {}, "timings": timings or {}}
+            )
+        await event
+
+    # --- background duties ----------------------------------------------------------------------
+
+    def cancel(self, request_id: str) -> None:
+        entry = self.running.get(request_id)
+        if entry is None or entry.cancel_requested:
+            return
+        entry.cancel_requested = True
+        if entry.task is not None:
+            entry.task.cancel()
+
+    async def _control_loop(self) -> None:
+        async for message in control.control_messages(self.queue.client):
+            if message["type"] == "cancel":
+                self.cancel(message["request_id"])
+            elif message["type"] == "drain" and message.get("worker_id") == self.worker_id:
+                self.drain()
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            stats = self.engine.stats()
+            info = {
+                "variant": self.config.variant,
+                "engine": self.engine.label,
+                "slots": self.slots,
+                "vip_reserved_slots": self.config.vip_reserved_slots,
+                "running": len(self.running),
+                "running_vip": sum(1 for r in self.running.values() if r.job.tier == "vip"),
+                "draining": self.draining,
+                "engine_running": stats.running,
+                "engine_waiting": stats.waiting,
+                "kv_cache_usage": round(stats.kv_cache_usage, 4),
+                "memory_used_bytes": stats.memory_used_bytes,
+                "memory_total_bytes": stats.memory_total_bytes,
+                "memory_source": stats.memory_source,
+                "mean_service_s": round(self.mean_service_s, 3),
+            }
+            normal_slots = self.slots - self.config.vip_reserved_slots
+            try:
+                await workers.heartbeat_write(
+                    self.queue.client,
+                    worker_id=self.worker_id,
+                    info=info,
+                    jobs_per_s=0.0 if self.draining else self.slots / self.mean_service_s,
+                    normal_jobs_per_s=0.0 if self.draining else normal_slots / self.mean_service_s,
+                )
+            except REDIS_ERRORS as exc:
+                logger.warning("worker %s: heartbeat failed (%s)", self.worker_id, exc)
+            await asyncio.sleep(self.config.heartbeat_s)
+
+    async def _lease_loop(self) -> None:
+        """Renew leases on running jobs, pick up cancels missed while Redis was away, and take
+        over jobs whose worker died."""
+        interval = max(0.2, self.config.lease_s / 3)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                jobs = [r.job for r in self.running.values()]
+                if jobs:
+                    await self.queue.renew_leases(jobs)
+                    for request_id in await control.cancelled_request_ids(
+                        self.queue.client, [j.request_id for j in jobs]
+                    ):
+                        self.cancel(request_id)
+                if self.draining:
+                    continue
+                runnable, exhausted = await self.queue.reclaim_expired(
+                    lease_s=self.config.lease_s,
+                    max_count=self.slots - len(self.running),
+                    max_attempts=self.config.max_attempts,
+                )
+            except REDIS_ERRORS as exc:
+                logger.warning("worker %s: lease upkeep failed (%s)", self.worker_id, exc)
+                continue
+            for job in exhausted:
+                await self._dead_letter(job)
+            if runnable:
+                logger.info("worker %s: took over %d jobs of a dead worker", self.worker_id, len(runnable))
+                await self._start_jobs(runnable)
+
+    async def _dead_letter(self, job: Job) -> None:
+        logger.error(
+            "worker %s: job %s failed %d times; dead-lettered",
+            self.worker_id,
+            job.request_id,
+            job.attempt - 1,
+        )
+        await self._finish(
+            job,
+            text="",
+            status=Message.Status.ERROR,
+            error_code="failed",
+            error_message="Sorry, this answer could not be generated. Please try again.",
+        )
+        await self.queue.dead_letter(job, reason="max_attempts")
+
+    # --- helpers ----------------------------------------------------------------------------------
+
+    async def _wait(self, event: asyncio.Event, timeout_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(event.wait(), timeout_s)
+
+    async def _retrying(self, operation):
+        """Run a Redis operation until it succeeds; Redis restarts are waited out."""
+        delay = 0.05
+        while True:
+            try:
+                return await operation()
+            except REDIS_ERRORS as exc:
+                logger.warning("worker %s: redis unavailable (%s); retrying", self.worker_id, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)

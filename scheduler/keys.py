@@ -1,0 +1,55 @@
+"""Every Redis key and channel name the project uses, in one place.
+
+Keys of one variant's queues share the hash tag `{variant}` so they live in one Redis Cluster
+slot; rate-limit buckets share `{rl}` so one Lua script may touch several of them.
+"""
+
+TIERS = ("vip", "normal")  # claim order: VIP first
+CONSUMER_GROUP = "workers"
+
+
+def queue(variant: str, tier: str) -> str:
+    return f"llm:{{{variant}}}:queue:{tier}"
+
+
+def enqueue_seq(variant: str, tier: str) -> str:
+    """Counter stamped on each job at enqueue; with `claimed_seq` it gives queue positions."""
+    return f"llm:{{{variant}}}:enqueued:{tier}"
+
+
+def claimed_seq(variant: str, tier: str) -> str:
+    return f"llm:{{{variant}}}:claimed:{tier}"
+
+
+def capacity(variant: str) -> str:
+    """Hash: worker id -> "jobs/s all tiers|jobs/s normal|unix time", for wait predictions."""
+    return f"llm:{{{variant}}}:capacity"
+
+
+def dead_letter(variant: str) -> str:
+    return f"llm:{{{variant}}}:dead"
+
+
+def result(variant: str, request_id: str) -> str:
+    """The request's event stream (queued, start, token, reset, done, error), replayable."""
+    return f"llm:{{{variant}}}:result:{request_id}"
+
+
+def cancel(request_id: str) -> str:
+    return f"llm:cancel:{request_id}"
+
+
+def bucket_user(client_id: str) -> str:
+    return f"llm:{{rl}}:user:{client_id}"
+
+
+def bucket_tier(tier: str) -> str:
+    return f"llm:{{rl}}:tier:{tier}"
+
+
+def worker_heartbeat(worker_id: str) -> str:
+    return f"llm:worker:{worker_id}"
+
+
+WORKERS_INDEX = "llm:workers"  # sorted set: worker id -> last heartbeat (unix seconds)
+CONTROL_CHANNEL = "llm:control"  # pub/sub: cancel and drain reach every worker

@@ -1,0 +1,369 @@
+"""Durable job queues: one Redis stream per (variant, tier), read through a consumer group.
+
+Enqueue is one Lua script that checks the queue bound and the predicted wait (Little's law:
+jobs ahead / drain rate) and, when admitted, adds the job and its `queued` result
+event atomically. Workers claim in priority order, renew leases on what they run, and take
+over jobs whose lease expired (a dead worker's) until a job has used its attempts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from scheduler import keys
+from scheduler.redis import async_script, sync_script
+
+MIN_DRAIN_RATE = 0.2  # jobs/s assumed while no live worker reports its capacity
+
+# The drain rate of a tier is the sum of what live workers report they can finish per second
+# (their slots / their measured mean service time): it holds through idle spells and bursts,
+# where a count of recent claims would read near zero just when a burst arrives.
+_LUA_COMMON = """
+local function now()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000
+end
+local function queued(enqueued_key, claimed_key)
+  return (tonumber(redis.call('GET', enqueued_key)) or 0)
+       - (tonumber(redis.call('GET', claimed_key)) or 0)
+end
+local function drain_rate(capacity_key, tier, t, stale_s, floor)
+  local total = 0
+  local entries = redis.call('HGETALL', capacity_key)
+  for i = 1, #entries, 2 do
+    local all, normal, ts = string.match(entries[i + 1], '^([^|]+)|([^|]+)|([^|]+)$')
+    if ts and t - tonumber(ts) <= stale_s then
+      if tier == 'vip' then total = total + tonumber(all) else total = total + tonumber(normal) end
+    end
+  end
+  return math.max(total, floor)
+end
+-- Jobs ahead of a new one: its own tier's queue plus every higher tier's (KEYS from index 5 on).
+local function ahead(own_enqueued, own_claimed, first_higher)
+  local n = queued(own_enqueued, own_claimed)
+  for i = first_higher, #KEYS, 2 do n = n + queued(KEYS[i], KEYS[i + 1]) end
+  return n
+end
+"""
+
+_ENQUEUE = (
+    _LUA_COMMON
+    + """
+-- KEYS: queue, enqueued, claimed, capacity, result, then (enqueued, claimed) of higher tiers
+-- ARGV: max_queued, wait_slo_s, stale_s, min_rate, result_ttl_s, tier, request_id, payload
+local t = now()
+local own = queued(KEYS[2], KEYS[3])
+local wait = ahead(KEYS[2], KEYS[3], 6)
+  / drain_rate(KEYS[4], ARGV[6], t, tonumber(ARGV[3]), tonumber(ARGV[4]))
+if own >= tonumber(ARGV[1]) then return {0, own, tostring(wait), 'queue_full'} end
+if wait > tonumber(ARGV[2]) then return {0, own, tostring(wait), 'wait_over_slo'} end
+local seq = redis.call('INCR', KEYS[2])
+local id = redis.call('XADD', KEYS[1], '*', 'seq', seq, 'enqueued_at', tostring(t),
+                      'request_id', ARGV[7], 'payload', ARGV[8])
+redis.call('XADD', KEYS[5], '*', 'type', 'queued', 'data', cjson.encode({seq = seq, tier = ARGV[6]}))
+redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
+return {1, own + 1, tostring(wait), id}
+"""
+)
+
+_CLAIM = """
+-- KEYS: per tier (queue, claimed)
+-- ARGV: group, consumer, total (free slots), then the most to take from each tier
+local out = {}
+local left = tonumber(ARGV[3])
+for i = 0, (#KEYS / 2) - 1 do
+  local count = math.min(tonumber(ARGV[4 + i]), left)
+  if count > 0 then
+    local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count,
+                           'STREAMS', KEYS[2 * i + 1], '>')
+    if res then
+      local entries = res[1][2]
+      local top = tonumber(redis.call('GET', KEYS[2 * i + 2])) or 0
+      for _, entry in ipairs(entries) do
+        local f = entry[2]
+        for j = 1, #f, 2 do
+          if f[j] == 'seq' and tonumber(f[j + 1]) > top then top = tonumber(f[j + 1]) end
+        end
+        out[#out + 1] = {i, entry[1], f}
+      end
+      redis.call('SET', KEYS[2 * i + 2], top)
+      left = left - #entries
+    end
+  end
+end
+return out
+"""
+
+_RECORD_CLAIM = """
+-- A job claimed by a blocking read moves its tier's claimed counter: KEYS claimed; ARGV seq
+local top = tonumber(redis.call('GET', KEYS[1])) or 0
+if tonumber(ARGV[1]) > top then redis.call('SET', KEYS[1], ARGV[1]) end
+return 1
+"""
+
+_QUEUE_STATE = (
+    _LUA_COMMON
+    + """
+-- KEYS: enqueued, claimed, capacity, then (enqueued, claimed) of higher tiers
+-- ARGV: tier, stale_s, min_rate
+local rate = drain_rate(KEYS[3], ARGV[1], now(), tonumber(ARGV[2]), tonumber(ARGV[3]))
+return {queued(KEYS[1], KEYS[2]), ahead(KEYS[1], KEYS[2], 4), tostring(rate)}
+"""
+)
+
+
+def _higher_tier_keys(variant: str, tier: str) -> list[str]:
+    higher: list[str] = []
+    for other in keys.TIERS[: keys.TIERS.index(tier)]:
+        higher += [keys.enqueue_seq(variant, other), keys.claimed_seq(variant, other)]
+    return higher
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    entry_id: str
+    variant: str
+    tier: str
+    request_id: str
+    seq: int
+    enqueued_at: float
+    payload: dict[str, Any]
+    attempt: int = 1
+
+    @classmethod
+    def from_entry(cls, variant: str, tier: str, entry_id: str, fields: Any, attempt: int = 1) -> Job:
+        if isinstance(fields, list):  # raw Lua reply: [k1, v1, k2, v2, ...]
+            fields = dict(zip(fields[::2], fields[1::2], strict=True))
+        return cls(
+            entry_id=entry_id,
+            variant=variant,
+            tier=tier,
+            request_id=fields["request_id"],
+            seq=int(fields["seq"]),
+            enqueued_at=float(fields["enqueued_at"]),
+            payload=json.loads(fields["payload"]),
+            attempt=attempt,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class EnqueueResult:
+    admitted: bool
+    position: int  # 1 = next to be claimed (when admitted); queued jobs ahead (when refused)
+    predicted_wait_s: float
+    refusal: str | None = None  # "queue_full" | "wait_over_slo"
+
+
+@dataclass(frozen=True, slots=True)
+class QueueState:
+    queued: int
+    predicted_wait_s: float
+    drain_rate_per_s: float
+
+
+def job_enqueue(
+    *,
+    variant: str,
+    tier: str,
+    request_id: str,
+    payload: dict[str, Any],
+    max_queued: int,
+    wait_slo_s: float,
+) -> EnqueueResult:
+    reply = sync_script(_ENQUEUE)(
+        keys=[
+            keys.queue(variant, tier),
+            keys.enqueue_seq(variant, tier),
+            keys.claimed_seq(variant, tier),
+            keys.capacity(variant),
+            keys.result(variant, request_id),
+            *_higher_tier_keys(variant, tier),
+        ],
+        args=[
+            max_queued,
+            wait_slo_s,
+            settings.WORKER_HEARTBEAT_TTL_S,
+            MIN_DRAIN_RATE,
+            settings.RESULT_TTL_S,
+            tier,
+            request_id,
+            json.dumps(payload),
+        ],
+    )
+    admitted, position, wait, detail = reply
+    return EnqueueResult(
+        admitted=bool(admitted),
+        position=int(position),
+        predicted_wait_s=float(wait),
+        refusal=None if admitted else detail,
+    )
+
+
+async def queue_state_async(client: aioredis.Redis, *, variant: str, tier: str) -> QueueState:
+    queued, ahead, rate = await async_script(client, _QUEUE_STATE)(
+        keys=[
+            keys.enqueue_seq(variant, tier),
+            keys.claimed_seq(variant, tier),
+            keys.capacity(variant),
+            *_higher_tier_keys(variant, tier),
+        ],
+        args=[tier, settings.WORKER_HEARTBEAT_TTL_S, MIN_DRAIN_RATE],
+    )
+    return QueueState(
+        queued=int(queued), predicted_wait_s=int(ahead) / float(rate), drain_rate_per_s=float(rate)
+    )
+
+
+async def claimed_position(client: aioredis.Redis, *, variant: str, tier: str, seq: int) -> int:
+    """1 when the job is next in its queue, 0 once it has been claimed."""
+    claimed = int(await client.get(keys.claimed_seq(variant, tier)) or 0)
+    return max(0, seq - claimed)
+
+
+class JobQueue:
+    """The worker's side of one variant's queues (async; one instance per worker)."""
+
+    def __init__(self, client: aioredis.Redis, *, variant: str, consumer: str) -> None:
+        self.client = client
+        self.variant = variant
+        self.consumer = consumer
+        self._claim = async_script(client, _CLAIM)
+        self._record_claim = async_script(client, _RECORD_CLAIM)
+
+    async def ensure_groups(self) -> None:
+        for tier in keys.TIERS:
+            try:
+                await self.client.xgroup_create(
+                    keys.queue(self.variant, tier), keys.CONSUMER_GROUP, id="0", mkstream=True
+                )
+            except redis.ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def claim(self, *, total: int, per_tier: dict[str, int]) -> list[Job]:
+        """Claim up to `total` new jobs, taking tiers in the order of keys.TIERS and at most
+        per_tier[tier] from each."""
+        tier_keys: list[str] = []
+        for tier in keys.TIERS:
+            tier_keys += [keys.queue(self.variant, tier), keys.claimed_seq(self.variant, tier)]
+        reply = await self._claim(
+            keys=tier_keys,
+            args=[keys.CONSUMER_GROUP, self.consumer, total] + [per_tier.get(tier, 0) for tier in keys.TIERS],
+        )
+        return [
+            Job.from_entry(self.variant, keys.TIERS[int(index)], entry_id, fields)
+            for index, entry_id, fields in reply
+        ]
+
+    async def claim_blocking(self, tiers: list[str], timeout_s: float) -> list[Job]:
+        """Wait for the next job on any of `tiers`; used only when the worker is idle."""
+        streams = {keys.queue(self.variant, tier): ">" for tier in tiers}
+        reply = await self.client.xreadgroup(
+            keys.CONSUMER_GROUP, self.consumer, streams, count=1, block=int(timeout_s * 1000)
+        )
+        jobs = []
+        for stream, entries in reply or []:
+            tier = stream.rsplit(":", 1)[1]
+            for entry_id, fields in entries:
+                job = Job.from_entry(self.variant, tier, entry_id, fields)
+                await self._record_claim(keys=[keys.claimed_seq(self.variant, tier)], args=[job.seq])
+                jobs.append(job)
+        return jobs
+
+    async def ack(self, job: Job) -> None:
+        stream = keys.queue(self.variant, job.tier)
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xack(stream, keys.CONSUMER_GROUP, job.entry_id)
+            pipe.xdel(stream, job.entry_id)
+            await pipe.execute()
+
+    async def renew_leases(self, jobs: list[Job]) -> None:
+        """Reset the idle time of running jobs so no other worker takes them over."""
+        async with self.client.pipeline(transaction=False) as pipe:
+            for tier in keys.TIERS:
+                ids = [job.entry_id for job in jobs if job.tier == tier]
+                if ids:
+                    pipe.xclaim(
+                        keys.queue(self.variant, tier),
+                        keys.CONSUMER_GROUP,
+                        self.consumer,
+                        min_idle_time=0,
+                        message_ids=ids,
+                        justid=True,
+                    )
+            await pipe.execute()
+
+    async def release(self, job: Job) -> None:
+        """Hand a claimed job back (drain): mark it long idle so the next reclaim takes it,
+        without counting this as a failed attempt."""
+        await self.client.xclaim(
+            keys.queue(self.variant, job.tier),
+            keys.CONSUMER_GROUP,
+            self.consumer,
+            min_idle_time=0,
+            message_ids=[job.entry_id],
+            idle=10**9,
+            retrycount=max(0, job.attempt - 1),
+            justid=True,
+        )
+
+    async def reclaim_expired(
+        self, *, lease_s: float, max_count: int, max_attempts: int
+    ) -> tuple[list[Job], list[Job]]:
+        """Take over jobs whose lease expired. Returns (jobs to run, jobs out of attempts)."""
+        runnable: list[Job] = []
+        exhausted: list[Job] = []
+        lease_ms = int(lease_s * 1000)
+        for tier in keys.TIERS:
+            stream = keys.queue(self.variant, tier)
+            pending = await self.client.xpending_range(
+                stream,
+                keys.CONSUMER_GROUP,
+                min="-",
+                max="+",
+                count=max(max_count, 1) * 4,
+                idle=lease_ms,
+            )
+            for info in pending:
+                if len(runnable) >= max_count:
+                    break
+                claimed = await self.client.xclaim(
+                    stream,
+                    keys.CONSUMER_GROUP,
+                    self.consumer,
+                    min_idle_time=lease_ms,
+                    message_ids=[info["message_id"]],
+                )
+                for entry_id, fields in claimed:
+                    if not fields:  # deleted meanwhile
+                        await self.client.xack(stream, keys.CONSUMER_GROUP, entry_id)
+                        continue
+                    attempt = int(info["times_delivered"]) + 1
+                    job = Job.from_entry(self.variant, tier, entry_id, fields, attempt=attempt)
+                    (exhausted if attempt > max_attempts else runnable).append(job)
+        return runnable, exhausted
+
+    async def dead_letter(self, job: Job, reason: str) -> None:
+        async with self.client.pipeline(transaction=False) as pipe:
+            pipe.xadd(
+                keys.dead_letter(self.variant),
+                {
+                    "request_id": job.request_id,
+                    "tier": job.tier,
+                    "reason": reason,
+                    "attempts": job.attempt - 1,
+                    "at": time.time(),
+                },
+                maxlen=10_000,
+                approximate=True,
+            )
+            pipe.xack(keys.queue(self.variant, job.tier), keys.CONSUMER_GROUP, job.entry_id)
+            pipe.xdel(keys.queue(self.variant, job.tier), job.entry_id)
+            await pipe.execute()

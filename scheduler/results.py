@@ -1,0 +1,194 @@
+"""Result streams: the worker publishes each request's events, the web process follows them.
+
+Each request has one Redis stream (see keys.result). Its entry ids are the SSE event ids, so a
+reconnecting client resumes with `Last-Event-ID` and gets exactly the entries after it.
+
+Publishing coalesces: everything emitted during one engine step goes out in one pipelined
+round trip. Following multiplexes: one blocking XREAD on one connection serves every stream
+the process follows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import re
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from django.conf import settings
+
+from scheduler import keys
+from scheduler.redis import new_async_redis
+
+logger = logging.getLogger(__name__)
+
+TERMINAL_EVENTS = frozenset({"done", "error"})
+_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+_RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+def parse_event_id(raw: str | None) -> str:
+    """A Last-Event-ID to resume after; anything malformed starts from the beginning."""
+    return raw if raw and _ENTRY_ID.match(raw) else "0-0"
+
+
+def _id_key(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq)
+
+
+@dataclass(frozen=True, slots=True)
+class ResultEvent:
+    id: str
+    type: str  # queued | start | token | reset | done | error
+    data: dict[str, Any]
+
+
+class ResultPublisher:
+    """Worker side. `emit` buffers; a single task writes each buffer in one pipeline."""
+
+    def __init__(self, client: aioredis.Redis) -> None:
+        self.client = client
+        self._buffer: list[tuple[str, str, str]] = []
+        self._written: asyncio.Future[None] | None = None
+        self._wakeup = asyncio.Event()
+
+    def emit(self, variant: str, request_id: str, kind: str, data: dict[str, Any]) -> asyncio.Future[None]:
+        """Queue an event; the returned future resolves once it is in Redis."""
+        self._buffer.append((keys.result(variant, request_id), kind, json.dumps(data)))
+        if self._written is None:
+            self._written = asyncio.get_running_loop().create_future()
+        self._wakeup.set()
+        return self._written
+
+    async def run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            batch, written = self._buffer, self._written
+            self._buffer, self._written = [], None
+            await self._write(batch)
+            if written is not None and not written.done():
+                written.set_result(None)
+
+    async def _write(self, batch: list[tuple[str, str, str]]) -> None:
+        """Write one batch, retrying through a Redis restart: tokens are late, never lost."""
+        attempt = 0
+        while True:
+            try:
+                async with self.client.pipeline(transaction=False) as pipe:
+                    for stream, kind, data in batch:
+                        pipe.xadd(stream, {"type": kind, "data": data})
+                        if kind in TERMINAL_EVENTS or kind == "start":
+                            pipe.expire(stream, settings.RESULT_TTL_S)
+                    await pipe.execute()
+                return
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                delay = _RETRY_DELAYS_S[min(attempt, len(_RETRY_DELAYS_S) - 1)]
+                logger.warning("publishing %d events failed (%s); retrying in %.2fs", len(batch), exc, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+
+
+class _Subscription:
+    def __init__(self, key: str, after_id: str) -> None:
+        self.key = key
+        self.cursor = after_id
+        self.events: asyncio.Queue[ResultEvent] = asyncio.Queue()
+
+    def deliver(self, entries: list[tuple[str, dict[str, str]]]) -> None:
+        for entry_id, fields in entries:
+            if _id_key(entry_id) > _id_key(self.cursor):
+                self.events.put_nowait(ResultEvent(entry_id, fields["type"], json.loads(fields["data"])))
+                self.cursor = entry_id
+
+
+class ResultFollower:
+    """Web side: one per event loop. A single connection blocks on XREAD over every followed
+    stream plus a private wake-up stream, which new subscriptions poke."""
+
+    BLOCK_MS = 5000
+    BATCH = 512
+
+    def __init__(self) -> None:
+        self._subs: dict[str, list[_Subscription]] = {}
+        self._wake_key = f"llm:relay:wake:{uuid.uuid4().hex}"
+        self._wake_cursor = "0-0"
+        self._reader: aioredis.Redis | None = None
+        self._poker: aioredis.Redis | None = None
+        self._task: asyncio.Task[None] | None = None
+
+    @asynccontextmanager
+    async def subscribe(
+        self, *, variant: str, request_id: str, after_id: str
+    ) -> AsyncIterator[_Subscription]:
+        sub = _Subscription(keys.result(variant, request_id), after_id)
+        self._subs.setdefault(sub.key, []).append(sub)
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="result-follower")
+        else:
+            await self._poke()
+        try:
+            yield sub
+        finally:
+            subs = self._subs.get(sub.key, [])
+            if sub in subs:
+                subs.remove(sub)
+            if not subs:
+                self._subs.pop(sub.key, None)
+
+    @property
+    def followed_streams(self) -> int:
+        return len(self._subs)
+
+    async def _poke(self) -> None:
+        if self._poker is None:
+            self._poker = new_async_redis()
+        try:
+            async with self._poker.pipeline(transaction=False) as pipe:
+                pipe.xadd(self._wake_key, {"w": 1}, maxlen=16, approximate=False)
+                pipe.expire(self._wake_key, 3600)
+                await pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # the reader is reconnecting and will pick the new subscription up anyway
+
+    async def _run(self) -> None:
+        if self._reader is None:
+            self._reader = new_async_redis(single_connection=True)
+        attempt = 0
+        while self._subs:
+            streams = {self._wake_key: self._wake_cursor}
+            for key, subs in self._subs.items():
+                streams[key] = min((s.cursor for s in subs), key=_id_key)
+            try:
+                reply = await self._reader.xread(streams, count=self.BATCH, block=self.BLOCK_MS)
+                attempt = 0
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                delay = _RETRY_DELAYS_S[min(attempt, len(_RETRY_DELAYS_S) - 1)]
+                logger.warning("following result streams failed (%s); retrying in %.2fs", exc, delay)
+                attempt += 1
+                await asyncio.sleep(delay)
+                continue
+            for key, entries in reply or []:
+                if key == self._wake_key:
+                    self._wake_cursor = entries[-1][0]
+                    continue
+                for sub in self._subs.get(key, []):
+                    sub.deliver(entries)
+
+
+_followers: dict[asyncio.AbstractEventLoop, ResultFollower] = {}
+
+
+def result_follower() -> ResultFollower:
+    loop = asyncio.get_running_loop()
+    if loop not in _followers:
+        _followers[loop] = ResultFollower()
+    return _followers[loop]

@@ -1,0 +1,10 @@
+import pytest
+
+from scheduler.redis import sync_redis
+
+
+@pytest.fixture(autouse=True)
+def _empty_redis():
+    """Each test starts with an empty private Redis (never the machine's shared one)."""
+    sync_redis().flushdb()
+    yield

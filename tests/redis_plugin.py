@@ -1,0 +1,36 @@
+"""Pytest plugin: start a private redis-server before Django reads its settings.
+
+Loaded with `-p tests.redis_plugin` (see pyproject.toml) and run as a hook wrapper so that
+REDIS_URL is set before pytest-django sets Django up.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.processes import RedisServer
+
+_server: RedisServer | None = None
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    global _server
+    _server = RedisServer(Path(tempfile.mkdtemp(prefix="test-redis-")))
+    _server.start()
+    os.environ["REDIS_URL"] = _server.url
+    os.environ.setdefault("INFERENCE_ENGINE", "simulated")
+    return (yield)
+
+
+def pytest_unconfigure(config):
+    if _server is not None:
+        _server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> RedisServer:
+    assert _server is not None
+    return _server

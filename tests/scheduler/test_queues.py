@@ -1,0 +1,109 @@
+import asyncio
+
+from scheduler import keys
+from scheduler.queues import JobQueue, job_enqueue
+from scheduler.redis import new_async_redis, sync_redis
+
+
+def _enqueue(request_id: str, tier: str = "normal", max_queued: int = 100, wait_slo_s: float = 1000):
+    return job_enqueue(
+        variant="stable",
+        tier=tier,
+        request_id=request_id,
+        payload={"messages": [{"role": "user", "content": request_id}]},
+        max_queued=max_queued,
+        wait_slo_s=wait_slo_s,
+    )
+
+
+def _with_queue(consumer: str, body):
+    async def run():
+        client = new_async_redis()
+        queue = JobQueue(client, variant="stable", consumer=consumer)
+        await queue.ensure_groups()
+        try:
+            return await body(queue)
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def test_enqueue_reports_the_position_and_refuses_beyond_the_bound():
+    positions = [_enqueue(f"r{n}", max_queued=3).position for n in range(3)]
+    assert positions == [1, 2, 3]
+    refused = _enqueue("r3", max_queued=3)
+    assert not refused.admitted
+    assert refused.refusal == "queue_full"
+    assert refused.predicted_wait_s > 0
+
+
+def test_enqueue_refuses_when_the_predicted_wait_exceeds_the_slo():
+    # Nothing has drained yet, so the cold-start drain rate (0.2 jobs/s) applies: 5 s per job.
+    assert _enqueue("a", wait_slo_s=7).admitted
+    assert _enqueue("b", wait_slo_s=7).admitted  # 1 ahead: 5 s
+    refused = _enqueue("c", wait_slo_s=7)  # 2 ahead: 10 s
+    assert (refused.admitted, refused.refusal) == (False, "wait_over_slo")
+    assert refused.predicted_wait_s == 10
+
+
+def test_claims_take_vip_first_and_never_more_than_the_free_slots():
+    for n in range(3):
+        _enqueue(f"normal-{n}")
+    for n in range(2):
+        _enqueue(f"vip-{n}", tier="vip")
+
+    async def body(queue):
+        first = await queue.claim(total=3, per_tier={"vip": 3, "normal": 3})
+        second = await queue.claim(total=5, per_tier={"vip": 5, "normal": 1})
+        return first, second
+
+    first, second = _with_queue("w1", body)
+    assert [j.request_id for j in first] == ["vip-0", "vip-1", "normal-0"]
+    assert [j.request_id for j in second] == ["normal-1"]
+
+
+def test_the_enqueued_job_announces_itself_in_the_result_stream():
+    _enqueue("r1", tier="vip")
+    entries = sync_redis().xrange(keys.result("stable", "r1"))
+    assert [fields["type"] for _, fields in entries] == ["queued"]
+
+
+def test_a_dead_workers_jobs_are_taken_over_after_the_lease_until_attempts_run_out():
+    _enqueue("r1")
+
+    async def body(dead_queue):
+        [job] = await dead_queue.claim(total=1, per_tier={"normal": 1})
+        live = JobQueue(dead_queue.client, variant="stable", consumer="live")
+        too_early = await live.reclaim_expired(lease_s=5, max_count=4, max_attempts=2)
+        await asyncio.sleep(0.15)
+        second = await live.reclaim_expired(lease_s=0.1, max_count=4, max_attempts=2)
+        await asyncio.sleep(0.15)
+        third = await live.reclaim_expired(lease_s=0.1, max_count=4, max_attempts=2)
+        return job, too_early, second, third
+
+    job, too_early, second, third = _with_queue("dead", body)
+    assert job.attempt == 1
+    assert too_early == ([], [])
+    assert [(j.request_id, j.attempt) for j in second[0]] == [("r1", 2)]
+    assert second[1] == []
+    assert third[0] == [] and [(j.request_id, j.attempt) for j in third[1]] == [("r1", 3)]
+
+
+def test_a_renewed_lease_keeps_the_job_and_a_released_job_is_taken_at_once():
+    _enqueue("r1")
+
+    async def body(queue):
+        [job] = await queue.claim(total=1, per_tier={"normal": 1})
+        other = JobQueue(queue.client, variant="stable", consumer="other")
+        await asyncio.sleep(0.15)
+        await queue.renew_leases([job])
+        kept = await other.reclaim_expired(lease_s=0.1, max_count=4, max_attempts=3)
+        await queue.release(job)
+        taken = await other.reclaim_expired(lease_s=10, max_count=4, max_attempts=3)
+        return kept, taken
+
+    kept, taken = _with_queue("w1", body)
+    assert kept == ([], [])
+    # A drained job does not count as a failed attempt.
+    assert [(j.request_id, j.attempt) for j in taken[0]] == [("r1", 1)]
