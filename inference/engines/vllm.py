@@ -118,6 +118,9 @@ class VllmEngine:
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         engine = self._require_engine()
         prompt_token_ids = self._encode_chat(engine, request.messages)
+        # The renderer checks the prompt against max_model_len and turns it into the engine's
+        # input type (vLLM deprecates handing it raw prompts).
+        (engine_input,) = engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt_token_ids)])
         sampling_params = SamplingParams(
             max_tokens=request.max_tokens,
             temperature=request.temperature,
@@ -131,11 +134,7 @@ class VllmEngine:
             # aclosing: when our caller closes or cancels us, vLLM's own generator is closed
             # at once, and it aborts the request in the engine (freeing its slot and KV cache).
             async with aclosing(
-                engine.generate(
-                    TokensPrompt(prompt_token_ids=prompt_token_ids),
-                    sampling_params,
-                    request.request_id,
-                )
+                engine.generate(engine_input, sampling_params, request.request_id)
             ) as outputs:
                 async for output in outputs:
                     completion = output.outputs[0]

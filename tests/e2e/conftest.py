@@ -20,9 +20,15 @@ SPINE_SETTINGS = {
 }
 
 
+def running_stack(**settings_env: str):
+    stack = Stack(Path(tempfile.mkdtemp(prefix="e2e-")), **{**SPINE_SETTINGS, **settings_env})
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
 @pytest.fixture(scope="module")
 def stack():
-    stack = Stack(Path(tempfile.mkdtemp(prefix="e2e-")), **SPINE_SETTINGS)
-    stack.start()
-    yield stack
-    stack.stop()
+    yield from running_stack()

