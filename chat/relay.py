@@ -9,6 +9,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 
+import redis
 from django.conf import settings
 
 from chat.sse import sse_comment, sse_event, sse_retry
@@ -19,10 +20,13 @@ from scheduler.results import TERMINAL_EVENTS, ResultEvent, result_follower
 
 async def _queued_status(variant: str, tier: str, seq: int) -> dict:
     client = async_redis()
-    position = await claimed_position(client, variant=variant, tier=tier, seq=seq)
-    if position == 0:
-        return {"state": "starting"}
-    state = await queue_state_async(client, variant=variant, tier=tier)
+    try:
+        position = await claimed_position(client, variant=variant, tier=tier, seq=seq)
+        if position == 0:
+            return {"state": "starting"}
+        state = await queue_state_async(client, variant=variant, tier=tier)
+    except (redis.ConnectionError, redis.TimeoutError):
+        return {"state": "queued", "position": None, "eta_s": None}  # Redis is restarting
     return {
         "state": "queued",
         "position": position,

@@ -64,7 +64,14 @@ def _prompt_messages(conversation: Conversation, text: str) -> list[dict[str, st
     ]
 
 
-def message_post(*, conversation: Conversation, text: str, tier: str, client_id: str) -> PostedMessage:
+def message_post(
+    *,
+    conversation: Conversation,
+    text: str,
+    tier: str,
+    client_id: str,
+    client_address: str | None = None,
+) -> PostedMessage:
     """Persist the user's message and queue its answer.
 
     Raises MessageRejected, ConversationBusy, or scheduler.admission.AdmissionRefused; on any
@@ -82,6 +89,7 @@ def message_post(*, conversation: Conversation, text: str, tier: str, client_id:
             "temperature": settings.GENERATION_TEMPERATURE,
             "top_p": settings.GENERATION_TOP_P,
             "conversation_id": str(conversation.pk),
+            "disconnect_grace_s": settings.STREAM_DISCONNECT_GRACE_S,
         }
         user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER, content=text)
         assistant_message = Message.objects.create(
@@ -98,6 +106,7 @@ def message_post(*, conversation: Conversation, text: str, tier: str, client_id:
             tier=tier,
             variant=variant,
             payload=payload,
+            client_address=client_address,
         )
     except Exception:
         Message.objects.filter(pk__in=[user_message.pk, assistant_message.pk]).delete()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.http import (
     Http404,
     HttpRequest,
@@ -45,6 +46,18 @@ def _client_id(request: HttpRequest) -> str:
     if request.user.is_authenticated:
         return f"user:{request.user.pk}"
     return f"session:{_session_key(request)}"
+
+
+def _guest_address(request: HttpRequest) -> str | None:
+    """A guest's network address (for the per-address bucket): the peer, or the address the
+    trusted proxy in front of us saw. Accounts are limited per account instead."""
+    if request.user.is_authenticated:
+        return None
+    address = request.META.get("REMOTE_ADDR", "")
+    forwarded = request.headers.get("X-Forwarded-For")
+    if forwarded and address in settings.TRUSTED_PROXIES:
+        address = forwarded.split(",")[-1].strip()
+    return address or None
 
 
 def _tier(request: HttpRequest) -> str:
@@ -118,6 +131,7 @@ def message_post(request: HtmxHttpRequest, conversation_id: UUID) -> HttpRespons
             text=request.POST.get("text", ""),
             tier=_tier(request),
             client_id=_client_id(request),
+            client_address=_guest_address(request),
         )
     except services.MessageRejected as exc:
         return _error(400, "invalid_message", str(exc))

@@ -128,22 +128,57 @@ SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 1.0)
 RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
 
 # --- scheduling -----------------------------------------------------------------------------
-# One policy per tier; `max_queued` bounds the tier's queue, `wait_slo_s` is the longest
-# predicted wait that is still admitted.
+# Defaults for the tier policies, written to the database by its first migration; after that
+# the policies are edited in the console and apply within a second, without a restart.
+# Buckets: per client (`bucket_*`) and per tier (`tier_bucket_*`); `max_queued` bounds the
+# tier's queue, `wait_slo_s` is the longest predicted wait still admitted, `max_wait_s` the
+# longest a queued request waits before it expires.
 RATE_LIMIT_POLICIES = {
     "vip": {
         "bucket_capacity": env_int("RATE_LIMIT_VIP_CAPACITY", 20),
         "refill_per_s": env_float("RATE_LIMIT_VIP_REFILL_PER_S", 1.0),
+        "tier_bucket_capacity": env_int("RATE_LIMIT_VIP_TIER_CAPACITY", 1000),
+        "tier_refill_per_s": env_float("RATE_LIMIT_VIP_TIER_REFILL_PER_S", 100.0),
+        "max_concurrent_per_user": env_int("MAX_CONCURRENT_VIP", 8),
         "max_queued": env_int("QUEUE_MAX_VIP", 200),
         "wait_slo_s": env_float("WAIT_SLO_VIP_S", 10.0),
+        "max_wait_s": env_float("MAX_WAIT_VIP_S", 30.0),
     },
     "normal": {
         "bucket_capacity": env_int("RATE_LIMIT_NORMAL_CAPACITY", 6),
         "refill_per_s": env_float("RATE_LIMIT_NORMAL_REFILL_PER_S", 0.2),
+        "tier_bucket_capacity": env_int("RATE_LIMIT_NORMAL_TIER_CAPACITY", 1000),
+        "tier_refill_per_s": env_float("RATE_LIMIT_NORMAL_TIER_REFILL_PER_S", 50.0),
+        "max_concurrent_per_user": env_int("MAX_CONCURRENT_NORMAL", 3),
         "max_queued": env_int("QUEUE_MAX_NORMAL", 500),
         "wait_slo_s": env_float("WAIT_SLO_NORMAL_S", 60.0),
+        "max_wait_s": env_float("MAX_WAIT_NORMAL_S", 120.0),
+    },
+    "batch": {
+        "bucket_capacity": env_int("RATE_LIMIT_BATCH_CAPACITY", 1000),
+        "refill_per_s": env_float("RATE_LIMIT_BATCH_REFILL_PER_S", 10.0),
+        "tier_bucket_capacity": env_int("RATE_LIMIT_BATCH_TIER_CAPACITY", 10000),
+        "tier_refill_per_s": env_float("RATE_LIMIT_BATCH_TIER_REFILL_PER_S", 100.0),
+        "max_concurrent_per_user": env_int("MAX_CONCURRENT_BATCH", 1000),
+        "max_queued": env_int("QUEUE_MAX_BATCH", 5000),
+        "wait_slo_s": env_float("WAIT_SLO_BATCH_S", 86400.0),
+        "max_wait_s": env_float("MAX_WAIT_BATCH_S", 86400.0),
     },
 }
+# One bucket for all traffic, sized to what the engines can take.
+GLOBAL_RATE_LIMIT_CAPACITY = env_int("GLOBAL_RATE_LIMIT_CAPACITY", 400)
+GLOBAL_RATE_LIMIT_REFILL_PER_S = env_float("GLOBAL_RATE_LIMIT_REFILL_PER_S", 40.0)
+# Guests are identified by their session; a per-address bucket (this many times a client's)
+# stops a flood of fresh sessions from one address. X-Forwarded-For counts only when the
+# request comes from one of these proxy addresses.
+GUEST_ADDRESS_BUCKET_FACTOR = env_int("GUEST_ADDRESS_BUCKET_FACTOR", 4)
+TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
+# A normal request waiting longer than this is claimed before VIP ones (no starvation).
+NORMAL_AGING_S = env_float("NORMAL_AGING_S", 20.0)
+# Batch jobs (submit-then-poll) never hold more than this many slots of a worker.
+BATCH_MAX_SLOTS = env_int("BATCH_MAX_SLOTS", 4)
+# A stream with no client attached for this long is cancelled.
+STREAM_DISCONNECT_GRACE_S = env_float("STREAM_DISCONNECT_GRACE_S", 30.0)
 JOB_LEASE_S = env_float("JOB_LEASE_S", 15.0)
 JOB_MAX_ATTEMPTS = env_int("JOB_MAX_ATTEMPTS", 3)
 WORKER_HEARTBEAT_S = env_float("WORKER_HEARTBEAT_S", 1.0)

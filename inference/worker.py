@@ -28,9 +28,10 @@ from chat.models import Message
 from inference.engines import build_engine
 from inference.engines.base import Engine, EngineDeadError, GenerationRequest
 from scheduler import control, workers
+from scheduler.admission import request_finished
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import async_redis
-from scheduler.results import ResultPublisher
+from scheduler.results import ResultPublisher, abandoned_request_ids
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +48,9 @@ class WorkerConfig:
     heartbeat_s: float
     drain_timeout_s: float
     service_time_prior_s: float
+    normal_aging_s: float
+    batch_max_slots: int
+    disconnect_grace_s: float
 
     @classmethod
     def from_settings(cls) -> WorkerConfig:
@@ -59,6 +63,9 @@ class WorkerConfig:
             heartbeat_s=settings.WORKER_HEARTBEAT_S,
             drain_timeout_s=settings.WORKER_DRAIN_TIMEOUT_S,
             service_time_prior_s=settings.SERVICE_TIME_PRIOR_S,
+            normal_aging_s=settings.NORMAL_AGING_S,
+            batch_max_slots=settings.BATCH_MAX_SLOTS,
+            disconnect_grace_s=settings.STREAM_DISCONNECT_GRACE_S,
         )
 
 
@@ -113,6 +120,7 @@ class InferenceWorker:
                 ("heartbeat", self._heartbeat_loop()),
                 ("control", self._control_loop()),
                 ("leases", self._lease_loop()),
+                ("watch", self._watch_loop()),
             ]
         ]
         try:
@@ -151,9 +159,19 @@ class InferenceWorker:
 
     # --- claiming ----------------------------------------------------------------------------
 
-    def _normal_room(self) -> int:
-        running_normal = sum(1 for r in self.running.values() if r.job.tier != "vip")
-        return max(0, self.slots - self.config.vip_reserved_slots - running_normal)
+    def _room(self) -> dict[str, int]:
+        """How many more jobs of each tier may start now: VIP may use every free slot; normal
+        and batch together leave `vip_reserved_slots` free; batch never holds more than
+        `batch_max_slots`."""
+        free = self.slots - len(self.running)
+        not_vip = sum(1 for r in self.running.values() if r.job.tier != "vip")
+        batch = sum(1 for r in self.running.values() if r.job.tier == "batch")
+        normal_room = max(0, min(free, self.slots - self.config.vip_reserved_slots - not_vip))
+        return {
+            "vip": free,
+            "normal": normal_room,
+            "batch": max(0, min(normal_room, self.config.batch_max_slots - batch)),
+        }
 
     async def _claim_loop(self) -> None:
         while not self.draining:
@@ -162,12 +180,11 @@ class InferenceWorker:
                 self._slot_freed.clear()
                 await self._wait(self._slot_freed, 1.0)
                 continue
+            room = self._room()
             try:
-                jobs = await self.queue.claim(
-                    total=free, per_tier={"vip": free, "normal": self._normal_room()}
-                )
+                jobs = await self.queue.claim(total=free, per_tier=room, aging_s=self.config.normal_aging_s)
                 if not jobs:
-                    tiers = ["vip", "normal"] if self._normal_room() > 0 else ["vip"]
+                    tiers = [tier for tier, count in room.items() if count > 0]
                     jobs = await self.queue.claim_blocking(tiers, timeout_s=1.0)
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: claiming failed (%s); retrying", self.worker_id, exc)
@@ -226,6 +243,15 @@ class InferenceWorker:
             self._emit(job, "reset", {"reason": "worker_restarted", "attempt": job.attempt})
         if entry.cancel_requested:
             await self._finish(job, text="", status=Message.Status.CANCELLED, finish_reason="cancelled")
+            return
+        if job.attempt == 1 and time.time() > job.deadline:
+            await self._finish(
+                job,
+                text="",
+                status=Message.Status.ERROR,
+                error_code="expired",
+                error_message="Sorry, we were too busy to answer in time. Please ask again.",
+            )
             return
         self._emit(job, "start", {"worker": self.worker_id, "variant": job.variant, "attempt": job.attempt})
         payload = job.payload
@@ -311,6 +337,11 @@ class InferenceWorker:
             usage=usage,
             timings=timings,
         )
+        client_id = job.payload.get("client_id")
+        if client_id:
+            await self._retrying(
+                lambda: request_finished(self.queue.client, client_id=client_id, request_id=job.request_id)
+            )
         if error_code:
             event = self._emit(job, "error", {"code": error_code, "message": error_message})
         else:
@@ -369,8 +400,7 @@ class InferenceWorker:
             await asyncio.sleep(self.config.heartbeat_s)
 
     async def _lease_loop(self) -> None:
-        """Renew leases on running jobs, pick up cancels missed while Redis was away, and take
-        over jobs whose worker died."""
+        """Renew leases on running jobs and take over jobs whose worker died."""
         interval = max(0.2, self.config.lease_s / 3)
         while True:
             await asyncio.sleep(interval)
@@ -378,10 +408,6 @@ class InferenceWorker:
                 jobs = [r.job for r in self.running.values()]
                 if jobs:
                     await self.queue.renew_leases(jobs)
-                    for request_id in await control.cancelled_request_ids(
-                        self.queue.client, [j.request_id for j in jobs]
-                    ):
-                        self.cancel(request_id)
                 if self.draining:
                     continue
                 runnable, exhausted = await self.queue.reclaim_expired(
@@ -397,6 +423,31 @@ class InferenceWorker:
             if runnable:
                 logger.info("worker %s: took over %d jobs of a dead worker", self.worker_id, len(runnable))
                 await self._start_jobs(runnable)
+
+    async def _watch_loop(self) -> None:
+        """Once a second: cancel answers nobody has watched for their grace period, and pick
+        up cancels sent while this worker was not listening (a Redis restart)."""
+        while True:
+            await asyncio.sleep(1.0)
+            jobs = [r.job for r in self.running.values() if not r.cancel_requested]
+            if not jobs:
+                continue
+            try:
+                cancelled = await control.cancelled_request_ids(
+                    self.queue.client, [j.request_id for j in jobs]
+                )
+                abandoned = await abandoned_request_ids(
+                    self.queue.client, jobs, default_grace_s=self.config.disconnect_grace_s
+                )
+            except REDIS_ERRORS as exc:
+                logger.warning("worker %s: watch upkeep failed (%s)", self.worker_id, exc)
+                continue
+            for request_id in cancelled | abandoned:
+                if request_id in abandoned:
+                    logger.info(
+                        "worker %s: %s has had no client for its grace period", self.worker_id, request_id
+                    )
+                self.cancel(request_id)
 
     async def _dead_letter(self, job: Job) -> None:
         logger.error(

@@ -1,4 +1,4 @@
-"""Admission: rate limit, backpressure, routing, enqueue. One call per generation request.
+"""Admission: rate limit, backpressure, enqueue. One call per generation request.
 
 Each refusal is a typed outcome with an honest Retry-After; nothing half-admitted remains.
 """
@@ -10,11 +10,25 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
+from django.conf import settings
 
 from scheduler import keys
-from scheduler.policy import tier_policy
+from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
-from scheduler.rate_limits import Bucket, buckets_take
+from scheduler.rate_limits import Bucket, rate_limit_refund, rate_limit_take
+
+# A client over its concurrency limit may retry when one of its answers is done; answers take
+# seconds, so this is when trying again is likely to work.
+CONCURRENCY_RETRY_AFTER_S = 2
+
+_MESSAGES = {
+    "concurrency": "You already have several answers in progress. Please wait for one to finish.",
+    "user": "You are sending messages too quickly. Please wait a moment.",
+    "address": "Too many messages from your network. Please wait a moment.",
+    "tier": "Many people are writing right now. Please try again in a moment.",
+    "global": "Many people are writing right now. Please try again in a moment.",
+}
 
 
 class AdmissionRefused(Exception):
@@ -37,6 +51,32 @@ class Admission:
     predicted_wait_s: float
 
 
+def _buckets(policy: Policy, client_id: str, client_address: str | None) -> list[Bucket]:
+    buckets = [Bucket(keys.bucket_user(client_id), "user", policy.bucket_capacity, policy.refill_per_s)]
+    if client_address:
+        factor = settings.GUEST_ADDRESS_BUCKET_FACTOR
+        buckets.append(
+            Bucket(
+                keys.bucket_address(client_address),
+                "address",
+                policy.bucket_capacity * factor,
+                policy.refill_per_s * factor,
+            )
+        )
+    buckets.append(
+        Bucket(keys.bucket_tier(policy.tier), "tier", policy.tier_bucket_capacity, policy.tier_refill_per_s)
+    )
+    buckets.append(
+        Bucket(
+            keys.BUCKET_GLOBAL,
+            "global",
+            settings.GLOBAL_RATE_LIMIT_CAPACITY,
+            settings.GLOBAL_RATE_LIMIT_REFILL_PER_S,
+        )
+    )
+    return buckets
+
+
 def request_submit(
     *,
     request_id: str,
@@ -44,27 +84,43 @@ def request_submit(
     tier: str,
     variant: str,
     payload: dict[str, Any],
+    client_address: str | None = None,
 ) -> Admission:
-    policy = tier_policy(tier)
+    """Admit and enqueue a generation request, or raise AdmissionRefused.
+
+    `client_address` is given for guests only: their sessions are free to make, their address
+    is not.
+    """
     try:
-        decision = buckets_take(
-            [Bucket(keys.bucket_user(client_id), "user", policy.bucket_capacity, policy.refill_per_s)]
+        policy = tier_policy(tier)
+        buckets = _buckets(policy, client_id, client_address)
+        inflight_key = keys.inflight(client_id)
+        decision = rate_limit_take(
+            buckets,
+            inflight_key=inflight_key,
+            max_inflight=policy.max_concurrent_per_user,
+            request_id=request_id,
+            lapse_s=policy.max_wait_s + settings.GENERATION_TIMEOUT_S,
         )
         if not decision.allowed:
+            concurrency = decision.limited_by == "concurrency"
             raise AdmissionRefused(
                 status=429,
-                reason=f"rate_limited_{decision.limited_by}",
-                retry_after_s=decision.retry_after_s,
-                message="You are sending messages too quickly. Please wait a moment.",
+                reason="too_many_in_progress" if concurrency else f"rate_limited_{decision.limited_by}",
+                retry_after_s=CONCURRENCY_RETRY_AFTER_S if concurrency else decision.retry_after_s,
+                message=_MESSAGES[decision.limited_by or "global"],
             )
         queued = job_enqueue(
             variant=variant,
             tier=tier,
             request_id=request_id,
-            payload=payload,
+            payload={**payload, "client_id": client_id},
             max_queued=policy.max_queued,
             wait_slo_s=policy.wait_slo_s,
+            max_wait_s=policy.max_wait_s,
         )
+        if not queued.admitted:
+            rate_limit_refund(buckets, inflight_key=inflight_key, request_id=request_id)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise AdmissionRefused(
             status=503,
@@ -86,3 +142,8 @@ def request_submit(
         position=queued.position,
         predicted_wait_s=queued.predicted_wait_s,
     )
+
+
+async def request_finished(client: aioredis.Redis, *, client_id: str, request_id: str) -> None:
+    """The request no longer counts against its client's concurrency limit."""
+    await client.zrem(keys.inflight(client_id), request_id)

@@ -4,7 +4,7 @@ Keys of one variant's queues share the hash tag `{variant}` so they live in one 
 slot; rate-limit buckets share `{rl}` so one Lua script may touch several of them.
 """
 
-TIERS = ("vip", "normal")  # claim order: VIP first
+TIERS = ("vip", "normal", "batch")  # claim order: VIP first, batch last
 CONSUMER_GROUP = "workers"
 
 
@@ -45,6 +45,27 @@ def bucket_user(client_id: str) -> str:
 
 def bucket_tier(tier: str) -> str:
     return f"llm:{{rl}}:tier:{tier}"
+
+
+def bucket_address(address: str) -> str:
+    return f"llm:{{rl}}:addr:{address}"
+
+
+BUCKET_GLOBAL = "llm:{rl}:global"
+
+
+def inflight(client_id: str) -> str:
+    """Sorted set: the client's unfinished request ids, scored by when they lapse at the latest."""
+    return f"llm:{{rl}}:inflight:{client_id}"
+
+
+def policy(tier: str) -> str:
+    return f"llm:{{rl}}:policy:{tier}"
+
+
+def watchers(variant: str, request_id: str) -> str:
+    """Hash: how many clients follow the request's stream, and since when none has."""
+    return f"llm:{{{variant}}}:watch:{request_id}"
 
 
 def worker_heartbeat(worker_id: str) -> str:

@@ -57,7 +57,8 @@ _ENQUEUE = (
     _LUA_COMMON
     + """
 -- KEYS: queue, enqueued, claimed, capacity, result, then (enqueued, claimed) of higher tiers
--- ARGV: max_queued, wait_slo_s, stale_s, min_rate, result_ttl_s, tier, request_id, payload
+-- ARGV: max_queued, wait_slo_s, stale_s, min_rate, result_ttl_s, tier, request_id, payload,
+--       max_wait_s
 local t = now()
 local own = queued(KEYS[2], KEYS[3])
 local wait = ahead(KEYS[2], KEYS[3], 6)
@@ -66,7 +67,8 @@ if own >= tonumber(ARGV[1]) then return {0, own, tostring(wait), 'queue_full'} e
 if wait > tonumber(ARGV[2]) then return {0, own, tostring(wait), 'wait_over_slo'} end
 local seq = redis.call('INCR', KEYS[2])
 local id = redis.call('XADD', KEYS[1], '*', 'seq', seq, 'enqueued_at', tostring(t),
-                      'request_id', ARGV[7], 'payload', ARGV[8])
+                      'deadline', tostring(t + tonumber(ARGV[9])), 'request_id', ARGV[7],
+                      'payload', ARGV[8])
 redis.call('XADD', KEYS[5], '*', 'type', 'queued', 'data', cjson.encode({seq = seq, tier = ARGV[6]}))
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
 return {1, own + 1, tostring(wait), id}
@@ -74,12 +76,35 @@ return {1, own + 1, tostring(wait), id}
 )
 
 _CLAIM = """
--- KEYS: per tier (queue, claimed)
--- ARGV: group, consumer, total (free slots), then the most to take from each tier
+-- KEYS: per tier (queue, claimed), in priority order
+-- ARGV: group, consumer, total (free slots), aged tier index (0-based, -1 for none),
+--       aging_s, then the most to take from each tier
 local out = {}
 local left = tonumber(ARGV[3])
-for i = 0, (#KEYS / 2) - 1 do
-  local count = math.min(tonumber(ARGV[4 + i]), left)
+local order = {}
+for i = 0, (#KEYS / 2) - 1 do order[#order + 1] = i end
+-- Aging: when the aged tier's next job has waited past aging_s, that tier goes first.
+local aged = tonumber(ARGV[4])
+if aged >= 0 then
+  local groups = redis.call('XINFO', 'GROUPS', KEYS[2 * aged + 1])
+  for _, group in ipairs(groups) do
+    local info = {}
+    for j = 1, #group, 2 do info[group[j]] = group[j + 1] end
+    if info['name'] == ARGV[1] then
+      local nxt = redis.call('XRANGE', KEYS[2 * aged + 1], '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
+      if nxt[1] then
+        local now = redis.call('TIME')
+        local enqueued_ms = tonumber(string.match(nxt[1][1], '^(%d+)'))
+        if tonumber(now[1]) * 1000 + tonumber(now[2]) / 1000 - enqueued_ms > tonumber(ARGV[5]) * 1000 then
+          table.remove(order, aged + 1)
+          table.insert(order, 1, aged)
+        end
+      end
+    end
+  end
+end
+for _, i in ipairs(order) do
+  local count = math.min(tonumber(ARGV[6 + i]), left)
   if count > 0 then
     local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count,
                            'STREAMS', KEYS[2 * i + 1], '>')
@@ -134,6 +159,7 @@ class Job:
     request_id: str
     seq: int
     enqueued_at: float
+    deadline: float  # a job still queued at this unix time has expired
     payload: dict[str, Any]
     attempt: int = 1
 
@@ -148,6 +174,7 @@ class Job:
             request_id=fields["request_id"],
             seq=int(fields["seq"]),
             enqueued_at=float(fields["enqueued_at"]),
+            deadline=float(fields["deadline"]),
             payload=json.loads(fields["payload"]),
             attempt=attempt,
         )
@@ -176,6 +203,7 @@ def job_enqueue(
     payload: dict[str, Any],
     max_queued: int,
     wait_slo_s: float,
+    max_wait_s: float,
 ) -> EnqueueResult:
     reply = sync_script(_ENQUEUE)(
         keys=[
@@ -195,6 +223,7 @@ def job_enqueue(
             tier,
             request_id,
             json.dumps(payload),
+            max_wait_s,
         ],
     )
     admitted, position, wait, detail = reply
@@ -247,15 +276,22 @@ class JobQueue:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    async def claim(self, *, total: int, per_tier: dict[str, int]) -> list[Job]:
+    async def claim(self, *, total: int, per_tier: dict[str, int], aging_s: float | None = None) -> list[Job]:
         """Claim up to `total` new jobs, taking tiers in the order of keys.TIERS and at most
-        per_tier[tier] from each."""
+        per_tier[tier] from each; a normal job waiting over `aging_s` goes before VIP."""
         tier_keys: list[str] = []
         for tier in keys.TIERS:
             tier_keys += [keys.queue(self.variant, tier), keys.claimed_seq(self.variant, tier)]
         reply = await self._claim(
             keys=tier_keys,
-            args=[keys.CONSUMER_GROUP, self.consumer, total] + [per_tier.get(tier, 0) for tier in keys.TIERS],
+            args=[
+                keys.CONSUMER_GROUP,
+                self.consumer,
+                total,
+                keys.TIERS.index("normal") if aging_s is not None else -1,
+                aging_s or 0,
+                *(per_tier.get(tier, 0) for tier in keys.TIERS),
+            ],
         )
         return [
             Job.from_entry(self.variant, keys.TIERS[int(index)], entry_id, fields)

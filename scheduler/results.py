@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import re
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -182,6 +183,24 @@ class ResultFollower:
                     continue
                 for sub in self._subs.get(key, []):
                     sub.deliver(entries)
+
+
+async def abandoned_request_ids(client: aioredis.Redis, jobs: list, *, default_grace_s: float) -> set[str]:
+    """Requests whose clients all left longer ago than the request's disconnect grace.
+
+    A request no client ever attached to (a batch job, say) is never abandoned.
+    """
+    async with client.pipeline(transaction=False) as pipe:
+        for job in jobs:
+            pipe.hmget(keys.watchers(job.variant, job.request_id), "clients", "since")
+        replies = await pipe.execute()
+    now = time.time()
+    abandoned = set()
+    for job, (clients, since) in zip(jobs, replies, strict=True):
+        grace = float(job.payload.get("disconnect_grace_s", default_grace_s))
+        if clients is not None and int(clients) <= 0 and since and now - float(since) >= grace:
+            abandoned.add(job.request_id)
+    return abandoned
 
 
 _followers: dict[asyncio.AbstractEventLoop, ResultFollower] = {}

@@ -1,5 +1,6 @@
 import pytest
 
+from scheduler import policy
 from scheduler.redis import sync_redis
 
 
@@ -7,4 +8,5 @@ from scheduler.redis import sync_redis
 def _empty_redis():
     """Each test starts with an empty private Redis (never the machine's shared one)."""
     sync_redis().flushdb()
+    policy._cache.clear()
     yield

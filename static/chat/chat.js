@@ -200,7 +200,7 @@
     });
     out = renderEmphasis(out, keep);
 
-    const restore = (html) => html.replace(PLACEHOLDER, (_, index) => restore(stash[Number(index)]));
+    const restore = (html) => html.replace(PLACEHOLDER, (_, i) => restore(stash[Number(i)]));
     return restore(out);
   }
 
@@ -269,7 +269,7 @@
   /** Retry-After is seconds (or, rarely, an HTTP date); null when absent or unreadable. */
   function retryAfterSeconds(header) {
     if (!header) return null;
-    if (/^\d+$/.test(header.trim())) return Number(header.trim());
+    if (/^\d+$/.test(header.trim())) return Math.max(1, Number(header.trim()));
     const date = Date.parse(header);
     return Number.isNaN(date) ? null : Math.max(1, Math.ceil((date - Date.now()) / 1000));
   }
@@ -324,11 +324,11 @@
       : "Enter to send, Shift+Enter for a new line.";
   }
 
-  /** Why the current text may not be sent: null when it may, "" to refuse quietly (nothing typed). */
+  /** Why the text may not be sent: null when it may, "" to refuse quietly (nothing typed). */
   function refusalReason() {
     const text = page.input.value.trim();
-    if (pendingAnswerExists()) return FALLBACK_ERRORS[409];
     if (text === "") return "";
+    if (pendingAnswerExists()) return FALLBACK_ERRORS[409];
     const count = characterCount(text);
     if (count > page.maxChars) {
       return `Messages can be at most ${page.maxChars} characters (this one has ${count}).`;
@@ -342,8 +342,11 @@
     if (!sending) page.form.requestSubmit();
   }
 
+  /** htmx events about the composer's request (htmx:beforeSwap fires on the target, #messages). */
   function isComposerRequest(event) {
-    return event.detail && event.detail.elt === page.form;
+    const detail = event.detail || {};
+    const source = detail.requestConfig ? detail.requestConfig.elt : detail.elt;
+    return source === page.form;
   }
 
   function onBeforeRequest(event) {
@@ -360,21 +363,30 @@
     refreshComposer();
   }
 
+  /**
+   * A refused message (4xx/5xx) is shown in the banner here and marked as handled, so htmx
+   * neither swaps the JSON error into the page nor logs it to the console as unhandled.
+   */
+  function onBeforeSwap(event) {
+    if (!isComposerRequest(event)) return;
+    const xhr = event.detail.xhr;
+    if (xhr.status < 400) return;
+    showError(errorMessageFor(xhr.status, xhr.responseText, xhr.getResponseHeader("Retry-After")));
+    event.detail.shouldSwap = false;
+    event.detail.isError = false;
+  }
+
   function onAfterRequest(event) {
     if (!isComposerRequest(event)) return;
     sending = false;
-    if (event.detail.successful) {
+    const xhr = event.detail.xhr;
+    if (xhr && xhr.status >= 200 && xhr.status < 300) {
       page.input.value = "";
       updateCounter();
       scrollToBottom();
+      page.input.focus();
     }
     refreshComposer();
-  }
-
-  function onResponseError(event) {
-    if (!isComposerRequest(event)) return;
-    const xhr = event.detail.xhr;
-    showError(errorMessageFor(xhr.status, xhr.responseText, xhr.getResponseHeader("Retry-After")));
   }
 
   function onSendError(event) {
@@ -400,7 +412,7 @@
       stopButton: bubble.querySelector(".stop-button"),
       text: "",
       tokensShown: 0, // tokens of the current attempt already appended
-      statusText: "",
+      statusText: bubble.querySelector(".bubble__status").textContent,
       source: null,
       renderScheduled: false,
       finished: false,
@@ -607,8 +619,9 @@
         credentials: "same-origin",
       });
       if (!response.ok) {
-        const body = await response.text();
-        throw new Error(errorMessageFor(response.status, body, response.headers.get("Retry-After")));
+        const payload = parseJson(await response.text());
+        const message = payload && payload.error && payload.error.message;
+        throw new Error(message || `The server answered HTTP ${response.status}.`);
       }
     } catch (error) {
       if (answer.finished) return;
@@ -641,11 +654,16 @@
     page.input.addEventListener("keydown", onInputKeydown);
     document.body.addEventListener("htmx:beforeRequest", onBeforeRequest);
     document.body.addEventListener("htmx:afterRequest", onAfterRequest);
-    document.body.addEventListener("htmx:responseError", onResponseError);
+    document.body.addEventListener("htmx:beforeSwap", onBeforeSwap);
     document.body.addEventListener("htmx:sendError", onSendError);
     document.body.addEventListener("htmx:timeout", onSendError);
     // New bubbles arrive through htmx swaps; setupBubble skips the ones it already knows.
     document.body.addEventListener("htmx:afterSwap", setupBubbles);
+
+    // A page restored from the back/forward cache has lost its streams: load it afresh.
+    window.addEventListener("pageshow", (event) => {
+      if (event.persisted && pendingAnswerExists()) window.location.reload();
+    });
 
     updateCounter();
     setupBubbles();

@@ -3,6 +3,8 @@ from django.test import Client, override_settings
 
 from chat.models import Conversation, Message, User
 from scheduler import keys
+from scheduler.models import TierPolicy
+from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
 
 pytestmark = pytest.mark.django_db
@@ -87,18 +89,30 @@ def test_a_second_message_while_an_answer_is_pending_gets_409(client_alice, conv
     assert conversation.messages.count() == 2
 
 
-def test_a_flood_from_one_client_gets_429_with_retry_after(alice):
-    statuses = []
-    client = Client()
-    client.force_login(alice)
-    for _ in range(8):
-        conversation = Conversation.objects.create(owner=alice)
-        response = _post(client, conversation, "hello")
-        statuses.append(response.status_code)
+def _flood(client: Client, owner: User, count: int) -> list:
+    responses = []
+    for _ in range(count):
+        conversation = Conversation.objects.create(owner=owner)
+        responses.append(_post(client, conversation, "hello"))
+    return responses
+
+
+def test_a_client_with_three_answers_in_progress_gets_429_until_one_finishes(client_alice, alice):
+    responses = _flood(client_alice, alice, 4)
+    assert [r.status_code for r in responses] == [202, 202, 202, 429]
+    assert responses[-1].json()["error"]["code"] == "too_many_in_progress"
+    assert int(responses[-1]["Retry-After"]) == 2
+    assert Message.objects.count() == 6
+
+
+def test_a_flood_from_one_client_gets_429_with_the_buckets_refill_time(client_alice, alice):
+    TierPolicy.objects.filter(tier="normal").update(max_concurrent_per_user=100)
+    policies_mirror()
+    responses = _flood(client_alice, alice, 8)
     # The normal tier's bucket holds 6 and refills one token every 5 s.
-    assert statuses == [202] * 6 + [429] * 2
-    assert int(response["Retry-After"]) == 5
-    assert response.json()["error"]["code"] == "rate_limited_user"
+    assert [r.status_code for r in responses] == [202] * 6 + [429] * 2
+    assert int(responses[-1]["Retry-After"]) == 5
+    assert responses[-1].json()["error"]["code"] == "rate_limited_user"
     assert Message.objects.count() == 12
 
 

@@ -1,4 +1,5 @@
 import asyncio
+import time
 
 from scheduler import keys
 from scheduler.queues import JobQueue, job_enqueue
@@ -13,6 +14,7 @@ def _enqueue(request_id: str, tier: str = "normal", max_queued: int = 100, wait_
         payload={"messages": [{"role": "user", "content": request_id}]},
         max_queued=max_queued,
         wait_slo_s=wait_slo_s,
+        max_wait_s=60,
     )
 
 
@@ -107,3 +109,31 @@ def test_a_renewed_lease_keeps_the_job_and_a_released_job_is_taken_at_once():
     assert kept == ([], [])
     # A drained job does not count as a failed attempt.
     assert [(j.request_id, j.attempt) for j in taken[0]] == [("r1", 1)]
+
+
+def test_a_normal_job_waiting_past_the_aging_limit_goes_before_vip():
+    _enqueue("old-normal")
+
+    async def body(queue):
+        await asyncio.sleep(0.3)
+        _enqueue("new-vip", tier="vip")
+        fresh = await queue.claim(total=1, per_tier={"vip": 1, "normal": 1}, aging_s=10)
+        aged = await queue.claim(total=1, per_tier={"vip": 1, "normal": 1}, aging_s=0.2)
+        return fresh, aged
+
+    _enqueue("other-vip", tier="vip")
+    fresh, aged = _with_queue("w1", body)
+    assert [j.request_id for j in fresh] == ["other-vip"]
+    assert [j.request_id for j in aged] == ["old-normal"]
+
+
+def test_the_predicted_wait_counts_higher_tiers_ahead_and_uses_live_workers_capacity():
+    now = time.time()
+    # One live worker finishing 2 jobs/s in all, 1 job/s of normal traffic.
+    sync_redis().hset(keys.capacity("stable"), "w1", f"2.0|1.0|{now}")
+    for n in range(4):
+        _enqueue(f"vip-{n}", tier="vip")
+    vip = _enqueue("vip-4", tier="vip")
+    normal = _enqueue("normal-0")
+    assert vip.predicted_wait_s == 2.0  # 4 VIP ahead at 2 jobs/s
+    assert normal.predicted_wait_s == 5.0  # 5 VIP ahead at 1 job/s

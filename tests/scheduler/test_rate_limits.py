@@ -1,17 +1,29 @@
 import pytest
 
 from scheduler import keys
-from scheduler.rate_limits import Bucket, buckets_take
+from scheduler.rate_limits import Bucket, rate_limit_refund, rate_limit_take
+from scheduler.redis import sync_redis
 
 
 def _bucket(name: str, capacity: float, refill: float) -> Bucket:
     return Bucket(keys.bucket_user(name), name, capacity, refill)
 
 
+def _take(buckets, client="c", max_inflight=100, request_id=None):
+    _take.n = getattr(_take, "n", 0) + 1
+    return rate_limit_take(
+        buckets,
+        inflight_key=keys.inflight(client),
+        max_inflight=max_inflight,
+        request_id=request_id or f"r{_take.n}",
+        lapse_s=60,
+    )
+
+
 def test_a_bucket_admits_its_capacity_then_refuses_with_its_refill_time():
     bucket = _bucket("alice", capacity=3, refill=0.5)
-    assert [buckets_take([bucket]).allowed for _ in range(3)] == [True, True, True]
-    refused = buckets_take([bucket])
+    assert [_take([bucket]).allowed for _ in range(3)] == [True, True, True]
+    refused = _take([bucket])
     assert not refused.allowed
     assert refused.limited_by == "alice"
     # Empty bucket, 0.5 tokens/s: the next token is about 2 s away.
@@ -19,18 +31,35 @@ def test_a_bucket_admits_its_capacity_then_refuses_with_its_refill_time():
 
 
 def test_a_refusal_charges_no_bucket():
-    roomy = _bucket("roomy", capacity=10, refill=1)
+    roomy = _bucket("roomy", capacity=10, refill=0.01)
     empty = _bucket("empty", capacity=1, refill=0.01)
-    assert buckets_take([roomy, empty]).allowed
+    assert _take([roomy, empty]).allowed
     for _ in range(5):
-        decision = buckets_take([roomy, empty])
+        decision = _take([roomy, empty])
         assert not decision.allowed and decision.limited_by == "empty"
     # roomy lost only the one token of the admitted request
-    assert sum(buckets_take([roomy]).allowed for _ in range(20)) == 9
+    assert sum(_take([roomy]).allowed for _ in range(20)) == 9
 
 
 def test_clients_have_separate_buckets():
     for _ in range(2):
-        assert buckets_take([_bucket("a", 2, 0.01)]).allowed
-    assert not buckets_take([_bucket("a", 2, 0.01)]).allowed
-    assert buckets_take([_bucket("b", 2, 0.01)]).allowed
+        assert _take([_bucket("a", 2, 0.01)]).allowed
+    assert not _take([_bucket("a", 2, 0.01)]).allowed
+    assert _take([_bucket("b", 2, 0.01)]).allowed
+
+
+def test_a_client_may_have_only_so_many_unfinished_requests():
+    roomy = _bucket("roomy", capacity=100, refill=1)
+    assert _take([roomy], max_inflight=2, request_id="one").allowed
+    assert _take([roomy], max_inflight=2, request_id="two").allowed
+    refused = _take([roomy], max_inflight=2, request_id="three")
+    assert (refused.allowed, refused.limited_by) == (False, "concurrency")
+    sync_redis().zrem(keys.inflight("c"), "one")  # what the worker does when "one" finishes
+    assert _take([roomy], max_inflight=2, request_id="three").allowed
+
+
+def test_a_refund_gives_back_the_token_and_the_concurrency_place():
+    bucket = _bucket("refunded", capacity=1, refill=0.001)
+    assert _take([bucket], max_inflight=1, request_id="x").allowed
+    rate_limit_refund([bucket], inflight_key=keys.inflight("c"), request_id="x")
+    assert _take([bucket], max_inflight=1, request_id="y").allowed

@@ -1,0 +1,187 @@
+"""VllmEngine against real vLLM and the prepared SmolLM2: streaming, batching, abort, engine death.
+
+One engine serves the whole module (it takes ~30-40 s to start on CPU). Its AsyncLLM belongs
+to the event loop it was started on, so every test runs its coroutine on that same loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from collections.abc import Callable, Coroutine, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psutil
+import pytest
+from django.conf import settings
+
+pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+
+from inference.engines.base import Delta, EngineDeadError, GenerationRequest
+from inference.engines.vllm import VllmEngine
+from inference.model_prep import default_model_dir, prepare_model
+
+pytestmark = pytest.mark.vllm
+
+T = TypeVar("T")
+
+# Greedy prompts that SmolLM2 answers at length, so they are still streaming when the test acts.
+LONG_ANSWER = "Count from 1 to 200, separated by commas."
+QUESTIONS = [
+    "How do I reset my password?",
+    "Where is my order?",
+    "Can I change my delivery address?",
+    "How do I cancel my subscription?",
+]
+# A hang guard only: every wait below ends in well under a second on a healthy engine.
+HANG_GUARD_S = 60.0
+
+
+@dataclass
+class EngineOnLoop:
+    engine: VllmEngine
+    loop: asyncio.AbstractEventLoop
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self.loop.run_until_complete(asyncio.wait_for(coro, HANG_GUARD_S * 3))
+
+
+@pytest.fixture(scope="module")
+def vllm_engine() -> Iterator[EngineOnLoop]:
+    model_dir = default_model_dir(Path(settings.BASE_DIR))
+    prepare_model(output=model_dir)  # returns at once when the folder is already complete
+    engine = VllmEngine(
+        model_path=str(model_dir),
+        max_num_seqs=8,
+        max_model_len=1024,
+        gpu_memory_utilization=0.5,
+        kv_cache_space_gib=1,
+    )
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(engine.start())
+    try:
+        yield EngineOnLoop(engine=engine, loop=loop)
+    finally:
+        loop.run_until_complete(engine.shutdown())
+        loop.close()
+
+
+def _request(request_id: str, question: str, max_tokens: int) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=request_id,
+        messages=[{"role": "user", "content": question}],
+        max_tokens=max_tokens,
+        temperature=0.0,
+    )
+
+
+async def _collect(engine: VllmEngine, request: GenerationRequest) -> list[Delta]:
+    return [delta async for delta in engine.generate(request)]
+
+
+async def _wait_until(condition: Callable[[], bool]) -> None:
+    async with asyncio.timeout(HANG_GUARD_S):
+        # stats() is a sampled reading (the worker polls it too): there is no event to await.
+        while not condition():  # noqa: ASYNC110
+            await asyncio.sleep(0.02)
+
+
+def test_concurrent_generations_stream_text_and_finish(vllm_engine: EngineOnLoop) -> None:
+    engine = vllm_engine.engine
+    max_running_seen = 0
+
+    async def scenario() -> list[list[Delta]]:
+        nonlocal max_running_seen
+
+        async def watch_stats() -> None:
+            nonlocal max_running_seen
+            while True:
+                max_running_seen = max(max_running_seen, engine.stats().running)
+                await asyncio.sleep(0.05)
+
+        watcher = asyncio.create_task(watch_stats())
+        try:
+            return await asyncio.gather(
+                *(_collect(engine, _request(f"concurrent-{i}", q, 32)) for i, q in enumerate(QUESTIONS))
+            )
+        finally:
+            watcher.cancel()
+
+    results = vllm_engine.run(scenario())
+
+    for deltas in results:
+        assert "".join(d.text for d in deltas).strip()
+        assert deltas[-1].finish_reason in {"stop", "length"}
+        assert all(d.finish_reason is None for d in deltas[:-1])
+        counts = [d.output_tokens for d in deltas]
+        assert counts == sorted(counts) and 0 < counts[-1] <= 32
+        assert deltas[0].prompt_tokens > 0
+    assert max_running_seen > 1, "the engine never batched the concurrent requests"
+    stats = engine.stats()
+    assert stats.memory_source in {"process-rss", "cuda"}
+    assert 0 < stats.memory_used_bytes < stats.memory_total_bytes
+
+
+def test_abort_mid_stream_frees_its_slot_and_others_finish(vllm_engine: EngineOnLoop) -> None:
+    engine = vllm_engine.engine
+    ids = ["survivor-1", "survivor-2", "aborted", "cancelled", "closed"]
+
+    async def scenario() -> tuple[dict[str, list[Delta]], int]:
+        streams: dict[str, list[Delta]] = {request_id: [] for request_id in ids}
+        close_now = asyncio.Event()
+
+        async def consume(request_id: str) -> None:
+            stream = engine.generate(_request(request_id, LONG_ANSWER, 200))
+            async for delta in stream:
+                streams[request_id].append(delta)
+                if request_id == "closed" and close_now.is_set():
+                    break
+            await stream.aclose()
+
+        tasks = {request_id: asyncio.create_task(consume(request_id)) for request_id in ids}
+        await _wait_until(lambda: all(streams.values()) and engine.stats().running == len(ids))
+
+        await engine.abort("aborted")  # the stop button's path
+        tasks["cancelled"].cancel()  # the consuming task goes away
+        close_now.set()  # the consumer stops reading and closes the stream
+        await _wait_until(lambda: engine.stats().running == 2)
+        survivors_still_streaming = sum(not tasks[i].done() for i in ("survivor-1", "survivor-2"))
+
+        await asyncio.gather(tasks["aborted"], tasks["closed"], tasks["survivor-1"], tasks["survivor-2"])
+        return streams, survivors_still_streaming
+
+    streams, survivors_still_streaming = vllm_engine.run(scenario())
+
+    # The drop to 2 running came from the three stopped streams, not from the others finishing.
+    assert survivors_still_streaming == 2
+    assert streams["aborted"][-1].finish_reason == "abort"
+    assert streams["aborted"][-1].output_tokens < 200
+    for request_id in ("cancelled", "closed"):
+        assert all(d.finish_reason is None for d in streams[request_id])
+    for request_id in ("survivor-1", "survivor-2"):
+        deltas = streams[request_id]
+        assert "".join(d.text for d in deltas).strip()
+        assert deltas[-1].finish_reason in {"stop", "length"}
+    assert engine.stats().running == 0
+
+
+def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -> None:
+    """Runs last in this module: it kills the shared engine's core process."""
+    engine = vllm_engine.engine
+
+    async def scenario() -> None:
+        stream = engine.generate(_request("doomed", LONG_ANSWER, 200))
+        await anext(stream)
+        for process in psutil.Process().children(recursive=True):
+            if "EngineCore" in process.name():
+                os.kill(process.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):
+            await _collect(engine, _request("after-death", "Hello", 4))
+
+    vllm_engine.run(scenario())
