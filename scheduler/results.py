@@ -130,12 +130,15 @@ class ResultFollower:
     async def subscribe(
         self, *, variant: str, request_id: str, after_id: str
     ) -> AsyncIterator[_Subscription]:
+        """Follow one request's events; while subscribed, the request counts as watched."""
         sub = _Subscription(keys.result(variant, request_id), after_id)
         self._subs.setdefault(sub.key, []).append(sub)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="result-follower")
         else:
             await self._poke()
+        watch_key = keys.watchers(variant, request_id)
+        await self._watch(watch_key, +1)
         try:
             yield sub
         finally:
@@ -144,6 +147,21 @@ class ResultFollower:
                 subs.remove(sub)
             if not subs:
                 self._subs.pop(sub.key, None)
+            await self._watch(watch_key, -1)
+
+    async def _watch(self, watch_key: str, change: int) -> None:
+        """Count the clients attached to a request; when the last leaves, note the time."""
+        if self._poker is None:
+            self._poker = new_async_redis()
+        try:
+            async with self._poker.pipeline(transaction=False) as pipe:
+                pipe.hincrby(watch_key, "clients", change)
+                if change < 0:
+                    pipe.hset(watch_key, "since", time.time())
+                pipe.expire(watch_key, settings.RESULT_TTL_S)
+                await pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError):
+            logger.warning("could not count a client %s %s", "leaving" if change < 0 else "joining", watch_key)
 
     @property
     def followed_streams(self) -> int:

@@ -1,7 +1,11 @@
+import logging
+
 import pytest
 
 from scheduler import policy
 from scheduler.redis import sync_redis
+
+logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 @pytest.fixture(autouse=True)

@@ -68,6 +68,8 @@ class _SnapshotStatLogger(StatLoggerBase):
 
 
 class VllmEngine:
+    """One AsyncLLM per worker process; its engine core runs in child processes vLLM spawns."""
+
     def __init__(
         self,
         *,
@@ -167,6 +169,8 @@ class VllmEngine:
 
     async def shutdown(self) -> None:
         if self._engine is not None:
+            # Blocks ~5 s on CPU: the engine core finishes its teardown but does not exit on
+            # SIGTERM, and vLLM kills it after its grace period.
             self._engine.shutdown()
             self._engine = None
             self._engine_processes = []

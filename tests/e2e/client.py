@@ -49,6 +49,7 @@ class StreamResult:
 class ChatClient:
     def __init__(self, base_url: str, timeout_s: float = 60.0) -> None:
         self.http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+        self.timeout_s = timeout_s
 
     async def __aenter__(self) -> ChatClient:
         return self
@@ -116,7 +117,13 @@ class ChatClient:
         result = StreamResult()
         tokens = 0
         loop_started = _now()
-        async with self.http.stream("GET", f"/chat/stream/{request_id}", headers=headers) as response:
+        # Its own connection, as an EventSource has: leaving early really disconnects.
+        async with (
+            httpx.AsyncClient(
+                base_url=self.http.base_url, cookies=self.http.cookies, timeout=self.timeout_s
+            ) as http,
+            http.stream("GET", f"/chat/stream/{request_id}", headers=headers) as response,
+        ):
             assert response.status_code == 200, f"stream answered {response.status_code}"
             assert response.headers["content-type"].startswith("text/event-stream")
             fields: dict[str, str] = {}
