@@ -45,6 +45,7 @@ class Message(models.Model):
     # Assistant messages only: the generation request that writes them.
     request_id = models.UUIDField(null=True, blank=True, unique=True)
     variant = models.CharField(max_length=64, blank=True)
+    engine = models.CharField(max_length=128, blank=True)  # e.g. "simulated", "vllm:SmolLM2-..."
     finish_reason = models.CharField(max_length=32, blank=True)
     error_code = models.CharField(max_length=32, blank=True)
     prompt_tokens = models.PositiveIntegerField(null=True, blank=True)

@@ -1,6 +1,5 @@
 """Reads for the chat: what a client (account or guest session) may see."""
 
-from typing import Any
 from uuid import UUID
 
 from django.db.models import Q, QuerySet
@@ -39,12 +38,3 @@ def assistant_message_get(*, request_id: UUID, user: User | None, session_key: s
     """Raises Message.DoesNotExist for unknown request ids and for other clients' requests."""
     owned = Q(conversation__in=Conversation.objects.filter(_owned_by(user, session_key)).values("pk"))
     return Message.objects.get(owned, request_id=request_id, role=Message.Role.ASSISTANT)
-
-
-def assistant_message_state(*, request_id: str) -> dict[str, Any] | None:
-    """The stored outcome of a request, for a worker that takes over a reclaimed job."""
-    return (
-        Message.objects.filter(request_id=request_id)
-        .values("status", "content", "finish_reason", "error_code")
-        .first()
-    )

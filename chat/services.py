@@ -50,12 +50,21 @@ def _validated_text(text: str) -> str:
 
 
 def _prompt_messages(conversation: Conversation, text: str) -> list[dict[str, str]]:
-    history = list(
+    """The system prompt, as much recent history as fits the budget, then the new message:
+    the prompt must leave room for the answer inside the model's context."""
+    recent = (
         conversation.messages.filter(status=Message.Status.DONE)
         .exclude(content="")
         .order_by("-created_at", "-id")
         .values("role", "content")[: settings.CHAT_HISTORY_MESSAGES]
     )
+    history: list[dict[str, str]] = []
+    budget = settings.CHAT_HISTORY_MAX_CHARS
+    for message in recent:
+        budget -= len(message["content"])
+        if budget < 0:
+            break
+        history.append(message)
     history.reverse()
     return [
         {"role": "system", "content": settings.CHAT_SYSTEM_PROMPT},
@@ -146,6 +155,7 @@ def assistant_message_finish(
         error_code=error_code,
         prompt_tokens=usage.get("prompt_tokens"),
         output_tokens=usage.get("completion_tokens"),
+        engine=timings.get("engine", ""),
         ttft_ms=timings.get("ttft_ms"),
         duration_ms=timings.get("duration_ms"),
         completed_at=timezone.now(),

@@ -124,7 +124,10 @@ def conversation_new(request: HtmxHttpRequest) -> HttpResponse:
 
 @require_POST
 def message_post(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
-    conversation = _conversation_or_404(request, conversation_id)
+    try:
+        conversation = _conversation_or_404(request, conversation_id)
+    except Http404:
+        return _error(404, "not_found", "This conversation does not exist.")
     try:
         posted = services.message_post(
             conversation=conversation,
@@ -165,8 +168,8 @@ def request_cancel(request: HttpRequest, request_id: UUID) -> HttpResponse:
     user, session_key = _client(request)
     try:
         message = selectors.assistant_message_get(request_id=request_id, user=user, session_key=session_key)
-    except Message.DoesNotExist as exc:
-        raise Http404("No such request.") from exc
+    except Message.DoesNotExist:
+        return _error(404, "not_found", "This request does not exist.")
     cancelled = services.request_cancel(message=message)
     return JsonResponse({"request_id": str(request_id), "cancelling": cancelled}, status=202)
 

@@ -112,6 +112,9 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # --- chat -------------------------------------------------------------------------------
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 4000)
 CHAT_HISTORY_MESSAGES = env_int("CHAT_HISTORY_MESSAGES", 12)
+# About 500 tokens of earlier messages: with a full-length new message and the answer, the
+# prompt still fits SmolLM2's 2,048-token context.
+CHAT_HISTORY_MAX_CHARS = env_int("CHAT_HISTORY_MAX_CHARS", 2000)
 CHAT_SYSTEM_PROMPT = env_str(
     "CHAT_SYSTEM_PROMPT",
     "You are a friendly, concise customer-service assistant. Answer in a few sentences.",

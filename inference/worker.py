@@ -22,7 +22,6 @@ import redis
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from chat import selectors as chat_selectors
 from chat import services as chat_services
 from chat.models import Message
 from inference.engines import build_engine
@@ -31,7 +30,7 @@ from scheduler import control, workers
 from scheduler.admission import request_finished
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import async_redis
-from scheduler.results import ResultPublisher, abandoned_request_ids
+from scheduler.results import TERMINAL_EVENTS, ResultPublisher, abandoned_request_ids, last_event_type
 
 logger = logging.getLogger(__name__)
 
@@ -234,12 +233,11 @@ class InferenceWorker:
 
     async def _serve_job(self, entry: _Running) -> None:
         job = entry.job
-        if job.attempt > 1:
-            stored = await database_sync_to_async(chat_selectors.assistant_message_state)(
-                request_id=job.request_id
-            )
-            if stored is not None and stored["status"] != Message.Status.PENDING:
-                return  # finished before the previous worker could acknowledge it
+        previous = await last_event_type(self.queue.client, variant=job.variant, request_id=job.request_id)
+        if previous in TERMINAL_EVENTS:
+            return  # finished before the previous worker could acknowledge it
+        if previous != "queued":
+            # A worker that died or drained had started it: the client starts the answer over.
             self._emit(job, "reset", {"reason": "worker_restarted", "attempt": job.attempt})
         if entry.cancel_requested:
             await self._finish(job, text="", status=Message.Status.CANCELLED, finish_reason="cancelled")

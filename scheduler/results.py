@@ -161,7 +161,9 @@ class ResultFollower:
                 pipe.expire(watch_key, settings.RESULT_TTL_S)
                 await pipe.execute()
         except (redis.ConnectionError, redis.TimeoutError):
-            logger.warning("could not count a client %s %s", "leaving" if change < 0 else "joining", watch_key)
+            logger.warning(
+                "could not count a client %s %s", "leaving" if change < 0 else "joining", watch_key
+            )
 
     @property
     def followed_streams(self) -> int:
@@ -201,6 +203,12 @@ class ResultFollower:
                     continue
                 for sub in self._subs.get(key, []):
                     sub.deliver(entries)
+
+
+async def last_event_type(client: aioredis.Redis, *, variant: str, request_id: str) -> str | None:
+    """The type of the request's latest event: "queued" until a worker starts it."""
+    entries = await client.xrevrange(keys.result(variant, request_id), count=1)
+    return entries[0][1]["type"] if entries else None
 
 
 async def abandoned_request_ids(client: aioredis.Redis, jobs: list, *, default_grace_s: float) -> set[str]:

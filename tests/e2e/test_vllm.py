@@ -1,0 +1,112 @@
+"""Real vLLM with SmolLM2 behind the whole stack: HTTP in, SSE out, answers stored."""
+
+import asyncio
+import json
+import signal
+import time
+
+import psutil
+import pytest
+import redis
+
+from tests.e2e.client import ChatClient
+from tests.e2e.conftest import running_stack
+
+pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
+pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "How do I reset my password?",
+    "Can I return a product after 30 days?",
+    "What are your opening hours?",
+    "How long does shipping take?",
+    "Do you ship to Canada?",
+    "How do I cancel my subscription?",
+    "Who can I call for help?",
+]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    yield from running_stack(
+        INFERENCE_ENGINE="vllm",
+        INFERENCE_MAX_NUM_SEQS="8",
+        VIP_RESERVED_SLOTS="0",
+        GENERATION_MAX_TOKENS="48",
+        GENERATION_TEMPERATURE="0",
+    )
+
+
+def _heartbeat(stack) -> dict:
+    client = redis.Redis.from_url(stack.redis.url, decode_responses=True)
+    [key] = list(client.scan_iter("llm:worker:*"))
+    return json.loads(client.get(key))
+
+
+def test_eight_concurrent_questions_stream_real_answers_and_a_cancelled_one_is_aborted(stack):
+    async def scenario():
+        async with ChatClient(stack.base_url, timeout_s=300) as guest:
+            await guest.open_page()
+            conversations = [await guest.new_conversation() for _ in QUESTIONS]
+            request_ids = [await guest.ask(c, q) for c, q in zip(conversations, QUESTIONS, strict=True)]
+            streams = [asyncio.create_task(guest.stream(r)) for r in request_ids[1:]]
+            first = await guest.stream(request_ids[0], stop_after_tokens=2)
+            running_before = _heartbeat(stack)["engine_running"]
+            await guest.cancel(request_ids[0])
+            # The abort reaches the engine: its running count drops while the others decode.
+            running_after = running_before
+            for _ in range(50):
+                await asyncio.sleep(0.1)
+                running_after = _heartbeat(stack)["engine_running"]
+                if running_after < running_before:
+                    break
+            cancelled = await guest.stream(request_ids[0], last_event_id=first.last_id)
+            return (
+                request_ids,
+                first,
+                cancelled,
+                running_before,
+                running_after,
+                await asyncio.gather(*streams),
+            )
+
+    request_ids, first, cancelled, before, after, results = asyncio.run(scenario())
+    assert cancelled.terminal.data["finish_reason"] == "cancelled"
+    assert after < before, f"engine running count stayed at {before} after the cancel"
+    for request_id, result in zip(request_ids[1:], results, strict=True):
+        assert result.terminal.event == "done"
+        assert result.terminal.data["timings"]["engine"].startswith("vllm:")
+        assert result.text.strip(), "an empty answer"
+        assert "[simulated]" not in result.text
+        assert stack.count_assistant_messages(request_id) == [("done", result.text)]
+    [(status, content)] = stack.count_assistant_messages(request_ids[0])
+    assert status == "cancelled"
+    assert content == first.text + cancelled.text
+
+
+def test_a_dead_engine_stops_the_worker_with_an_error_and_hands_its_jobs_back(stack):
+    async def scenario():
+        async with ChatClient(stack.base_url, timeout_s=300) as guest:
+            conversation = await guest.open_page()
+            request_id = await guest.ask(conversation, "Tell me about your return policy in detail.")
+            await guest.stream(request_id, stop_after_tokens=1)
+            [worker] = stack.workers
+            engine_cores = psutil.Process(worker.pid).children(recursive=True)
+            for process in engine_cores:
+                process.send_signal(signal.SIGKILL)
+            started = time.monotonic()
+            returncode = await asyncio.to_thread(worker.wait, 60)
+            exit_s = time.monotonic() - started
+            stack.workers.remove(worker)
+            # Another worker (the simulated one starts in seconds) takes the job over.
+            await asyncio.to_thread(stack.start_worker, INFERENCE_ENGINE="simulated")
+            result = await guest.stream(request_id)
+            return request_id, returncode, exit_s, result
+
+    request_id, returncode, exit_s, result = asyncio.run(scenario())
+    print(f"worker exited {exit_s:.1f} s after its engine died")
+    assert returncode != 0
+    assert result.terminal.event == "done"
+    assert result.of("reset"), "the stream was not told that the answer restarted"
+    assert stack.count_assistant_messages(request_id) == [("done", result.text)]
