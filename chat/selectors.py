@@ -38,3 +38,9 @@ def assistant_message_get(*, request_id: UUID, user: User | None, session_key: s
     """Raises Message.DoesNotExist for unknown request ids and for other clients' requests."""
     owned = Q(conversation__in=Conversation.objects.filter(_owned_by(user, session_key)).values("pk"))
     return Message.objects.get(owned, request_id=request_id, role=Message.Role.ASSISTANT)
+
+
+def assistant_message_owned(*, message_id: int, user: User | None, session_key: str | None) -> Message:
+    """Raises Message.DoesNotExist for unknown ids and for other clients' answers."""
+    owned = Q(conversation__in=Conversation.objects.filter(_owned_by(user, session_key)).values("pk"))
+    return Message.objects.get(owned, pk=message_id, role=Message.Role.ASSISTANT)

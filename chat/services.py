@@ -24,6 +24,10 @@ class ConversationBusy(RuntimeError):
     """An answer is still being generated in this conversation."""
 
 
+class FeedbackRejected(ValueError):
+    """Only a finished answer can be rated."""
+
+
 @dataclass(frozen=True, slots=True)
 class PostedMessage:
     user_message: Message
@@ -161,6 +165,15 @@ def assistant_message_finish(
         completed_at=timezone.now(),
     )
     return updated == 1
+
+
+def message_feedback_set(*, message: Message, feedback: Message.Feedback) -> Message:
+    """Record the asker's thumbs up or down on an answer; a second vote replaces the first."""
+    if message.role != Message.Role.ASSISTANT or message.status != Message.Status.DONE:
+        raise FeedbackRejected("Only a finished answer can be rated.")
+    message.feedback = feedback
+    message.save(update_fields=["feedback"])
+    return message
 
 
 def guest_conversations_purge(*, older_than_days: int) -> int:

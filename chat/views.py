@@ -174,6 +174,30 @@ def request_cancel(request: HttpRequest, request_id: UUID) -> HttpResponse:
     return JsonResponse({"request_id": str(request_id), "cancelling": cancelled}, status=202)
 
 
+_FEEDBACK_VALUES = {"up": Message.Feedback.UP, "down": Message.Feedback.DOWN}
+
+
+@require_POST
+def message_feedback(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
+    user, session_key = _client(request)
+    try:
+        message = selectors.assistant_message_owned(message_id=message_id, user=user, session_key=session_key)
+    except Message.DoesNotExist:
+        return _error(404, "not_found", "This answer does not exist.")
+    feedback = _FEEDBACK_VALUES.get(request.POST.get("value", ""))
+    if feedback is None:
+        return _error(400, "invalid_feedback", "Feedback is either up or down.")
+    try:
+        services.message_feedback_set(message=message, feedback=feedback)
+    except services.FeedbackRejected as exc:
+        return _error(409, "not_finished", str(exc))
+    if request.htmx:
+        return render(request, "chat/_feedback.html", {"message": message})
+    if _wants_json(request):
+        return JsonResponse({"message_id": message.pk, "feedback": request.POST["value"]})
+    return redirect("chat:conversation", message.conversation_id)
+
+
 @require_GET
 async def stream(request: HttpRequest, request_id: UUID) -> HttpResponse:
     user = await request.auser()

@@ -176,6 +176,8 @@ GLOBAL_RATE_LIMIT_REFILL_PER_S = env_float("GLOBAL_RATE_LIMIT_REFILL_PER_S", 40.
 # request comes from one of these proxy addresses.
 GUEST_ADDRESS_BUCKET_FACTOR = env_int("GUEST_ADDRESS_BUCKET_FACTOR", 4)
 TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
+# Off: every tier shares the normal queue in arrival order (plain FIFO, a benchmark baseline).
+SCHEDULER_PRIORITY = env_bool("SCHEDULER_PRIORITY", True)
 # A normal request waiting longer than this is claimed before VIP ones (no starvation).
 NORMAL_AGING_S = env_float("NORMAL_AGING_S", 20.0)
 # Batch jobs (submit-then-poll) never hold more than this many slots of a worker.
@@ -189,6 +191,16 @@ WORKER_HEARTBEAT_TTL_S = env_float("WORKER_HEARTBEAT_TTL_S", 5.0)
 WORKER_DRAIN_TIMEOUT_S = env_float("WORKER_DRAIN_TIMEOUT_S", 30.0)
 # A worker's guess of how long an answer takes until it has measured some (wait predictions).
 SERVICE_TIME_PRIOR_S = env_float("SERVICE_TIME_PRIOR_S", 10.0)
+
+# --- metrics ----------------------------------------------------------------------------------
+# /metrics (web) and the worker's exporter answer a scraper that sends `Authorization: Bearer
+# <METRICS_TOKEN>`; with no token set, one whose address is in METRICS_ALLOWED_NETWORKS.
+METRICS_TOKEN = env_str("METRICS_TOKEN", "")
+METRICS_ALLOWED_NETWORKS = env_list("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32", "::1/128"])
+# Each inference worker serves its own /metrics here; 0 turns the exporter off. Workers sharing
+# a host need a port each (`make run` gives its one worker 9464).
+WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)
+WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
 
 # --- inference worker -----------------------------------------------------------------------
 INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "vllm")
@@ -204,6 +216,11 @@ SIMULATED_PREFILL_S_PER_TOKEN = env_float("SIMULATED_PREFILL_S_PER_TOKEN", 0.000
 SIMULATED_DECODE_BASE_S = env_float("SIMULATED_DECODE_BASE_S", 0.02)
 SIMULATED_DECODE_PER_SEQ_S = env_float("SIMULATED_DECODE_PER_SEQ_S", 0.002)
 SIMULATED_OUTPUT_TOKENS = env_int("SIMULATED_OUTPUT_TOKENS", 40)
+# Share of requests (0..1) the simulated engine fails after a few tokens, e.g. on a candidate.
+SIMULATED_FAILURE_RATE = env_float("SIMULATED_FAILURE_RATE", 0.0)
+
+# Mounts the bare SSE endpoint the fan-out benchmark compares against (never in production).
+BENCH_ENDPOINTS = env_bool("BENCH_ENDPOINTS", False)
 
 LOGGING = {
     "version": 1,

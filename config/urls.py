@@ -1,8 +1,9 @@
+from django.conf import settings
 from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
-from admin_console import health
+from admin_console import health, metrics_view
 
 urlpatterns = [
     path("", include("chat.urls")),
@@ -10,5 +11,9 @@ urlpatterns = [
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
+    path("metrics", metrics_view.metrics, name="metrics"),
     path("admin/", admin.site.urls),
 ]
+
+if settings.BENCH_ENDPOINTS:
+    urlpatterns.append(path("", include("bench.urls")))

@@ -24,9 +24,10 @@ from django.conf import settings
 
 from chat import services as chat_services
 from chat.models import Message
+from inference import metrics as worker_metrics
 from inference.engines import build_engine
-from inference.engines.base import Engine, EngineDeadError, GenerationRequest
-from scheduler import control, workers
+from inference.engines.base import Engine, EngineDeadError, EngineRequestError, GenerationRequest
+from scheduler import control, timeseries, workers
 from scheduler.admission import request_finished
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import async_redis
@@ -222,6 +223,7 @@ class InferenceWorker:
             raise
         except Exception:
             logger.exception("worker %s: job %s failed", self.worker_id, job.request_id)
+            worker_metrics.GENERATIONS.labels(job.variant, job.tier, "error").inc()
             self._release_slot(job)
             return  # left unacknowledged: taken over after its lease, up to max_attempts
         await self._retrying(lambda: self.queue.ack(job))
@@ -287,6 +289,20 @@ class InferenceWorker:
                 ),
             )
             return
+        except EngineRequestError as exc:
+            # This request failed, not the engine: the answer ends with an error and the job is
+            # acknowledged, since running it again would most likely fail the same way.
+            logger.warning("worker %s: %s failed in the engine: %s", self.worker_id, job.request_id, exc)
+            await self._finish(
+                job,
+                text="".join(entry.text),
+                status=Message.Status.ERROR,
+                error_code="engine_error",
+                error_message="Sorry, the model failed while writing this answer. Please try again.",
+                usage=usage,
+                timings=self._timings(job, started, ttft_ms),
+            )
+            return
         except asyncio.CancelledError:
             if not entry.cancel_requested or self.draining:
                 raise
@@ -296,7 +312,17 @@ class InferenceWorker:
         else:
             status = Message.Status.DONE
             self.mean_service_s += 0.2 * (time.monotonic() - started - self.mean_service_s)
-        timings = {
+        await self._finish(
+            job,
+            text="".join(entry.text),
+            status=status,
+            finish_reason=finish_reason,
+            usage=usage,
+            timings=self._timings(job, started, ttft_ms),
+        )
+
+    def _timings(self, job: Job, started: float, ttft_ms: float | None) -> dict:
+        return {
             "queue_ms": round(
                 (time.time() - job.enqueued_at) * 1000 - (time.monotonic() - started) * 1000, 1
             ),
@@ -304,14 +330,6 @@ class InferenceWorker:
             "duration_ms": round((time.monotonic() - started) * 1000, 1),
             "engine": self.engine.label,
         }
-        await self._finish(
-            job,
-            text="".join(entry.text),
-            status=status,
-            finish_reason=finish_reason,
-            usage=usage,
-            timings=timings,
-        )
 
     async def _finish(
         self,
@@ -334,6 +352,21 @@ class InferenceWorker:
             error_code=error_code,
             usage=usage,
             timings=timings,
+        )
+        await timeseries.answer_record(
+            self.queue.client,
+            variant=job.variant,
+            status=status,
+            ttft_ms=(timings or {}).get("ttft_ms"),
+            output_tokens=(usage or {}).get("completion_tokens", 0),
+            duration_ms=(timings or {}).get("duration_ms"),
+        )
+        worker_metrics.answer_observe(
+            variant=job.variant,
+            tier=job.tier,
+            outcome=error_code or status,
+            timings=timings,
+            output_tokens=(usage or {}).get("completion_tokens", 0),
         )
         client_id = job.payload.get("client_id")
         if client_id:
@@ -395,6 +428,7 @@ class InferenceWorker:
                 )
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: heartbeat failed (%s)", self.worker_id, exc)
+            await timeseries.queue_depth_record(self.queue.client, variant=self.config.variant)
             await asyncio.sleep(self.config.heartbeat_s)
 
     async def _lease_loop(self) -> None:
@@ -420,6 +454,7 @@ class InferenceWorker:
                 await self._dead_letter(job)
             if runnable:
                 logger.info("worker %s: took over %d jobs of a dead worker", self.worker_id, len(runnable))
+                worker_metrics.JOBS_RECLAIMED.labels(self.config.variant).inc(len(runnable))
                 await self._start_jobs(runnable)
 
     async def _watch_loop(self) -> None:
@@ -462,6 +497,7 @@ class InferenceWorker:
             error_message="Sorry, this answer could not be generated. Please try again.",
         )
         await self.queue.dead_letter(job, reason="max_attempts")
+        worker_metrics.JOBS_DEAD_LETTERED.labels(job.variant).inc()
 
     # --- helpers ----------------------------------------------------------------------------------
 

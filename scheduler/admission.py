@@ -13,7 +13,7 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from scheduler import keys
+from scheduler import keys, metrics, timeseries
 from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
 from scheduler.rate_limits import Bucket, rate_limit_refund, rate_limit_take
@@ -92,6 +92,32 @@ def request_submit(
     is not.
     """
     try:
+        admission = _admit(
+            request_id=request_id,
+            client_id=client_id,
+            tier=tier,
+            variant=variant,
+            payload=payload,
+            client_address=client_address,
+        )
+    except AdmissionRefused as refusal:
+        timeseries.refusal_record(reason=refusal.reason)
+        metrics.admission_record(tier=tier, status=refusal.status, reason=refusal.reason)
+        raise
+    metrics.admission_record(tier=tier)
+    return admission
+
+
+def _admit(
+    *,
+    request_id: str,
+    client_id: str,
+    tier: str,
+    variant: str,
+    payload: dict[str, Any],
+    client_address: str | None,
+) -> Admission:
+    try:
         policy = tier_policy(tier)
         buckets = _buckets(policy, client_id, client_address)
         inflight_key = keys.inflight(client_id)
@@ -112,7 +138,7 @@ def request_submit(
             )
         queued = job_enqueue(
             variant=variant,
-            tier=tier,
+            tier=tier if settings.SCHEDULER_PRIORITY else "normal",
             request_id=request_id,
             payload={**payload, "client_id": client_id},
             max_queued=policy.max_queued,

@@ -68,6 +68,14 @@ def watchers(variant: str, request_id: str) -> str:
     return f"llm:{{{variant}}}:watch:{request_id}"
 
 
+CANARY = "llm:canary"  # hash: the console's canary split (stable, candidate, split_percent, salt)
+
+
+def series_bucket(bucket_start: int) -> str:
+    """Hash: the console's time series for the 10 s starting at this unix time (see timeseries)."""
+    return f"llm:series:{bucket_start}"
+
+
 def worker_heartbeat(worker_id: str) -> str:
     return f"llm:worker:{worker_id}"
 

@@ -1,6 +1,11 @@
-"""The tier policies, stored here and mirrored into Redis where admission applies them."""
+"""The tier policies and the canary split, stored here and mirrored into Redis where admission
+and routing apply them."""
 
-from django.core.validators import MinValueValidator
+from __future__ import annotations
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 
@@ -42,3 +47,39 @@ class TierPolicy(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tier} policy"
+
+    def clean(self) -> None:
+        # A queued request expires after max_wait_s, so admitting a longer predicted wait would
+        # only accept requests that are bound to expire.
+        if self.wait_slo_s is not None and self.max_wait_s is not None and self.wait_slo_s > self.max_wait_s:
+            raise ValidationError(
+                {"wait_slo_s": "The longest predicted wait admitted cannot exceed the expiry (max wait)."}
+            )
+
+
+class CanaryRouting(models.Model):
+    """Which variant answers new conversations: one row, edited by the console's canary controls.
+
+    `split_percent` of conversations go to `candidate_variant`, the rest to `stable_variant`;
+    `salt` changes with each canary so that a different share of conversations tries each one.
+    """
+
+    stable_variant = models.CharField(max_length=64)
+    candidate_variant = models.CharField(max_length=64, blank=True)
+    split_percent = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(100)])
+    salt = models.CharField(max_length=32, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        constraints = [
+            models.CheckConstraint(condition=models.Q(split_percent__lte=100), name="canary_split_at_most_100")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.split_percent}% {self.candidate_variant or '-'}, rest {self.stable_variant}"
+
+    @classmethod
+    def load(cls) -> CanaryRouting:
+        """The one row, created on first use with the worker's default variant as stable."""
+        routing, _ = cls.objects.get_or_create(pk=1, defaults={"stable_variant": settings.INFERENCE_VARIANT})
+        return routing

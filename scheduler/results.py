@@ -25,7 +25,7 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from scheduler import keys
+from scheduler import keys, metrics
 from scheduler.redis import new_async_redis
 
 logger = logging.getLogger(__name__)
@@ -139,9 +139,11 @@ class ResultFollower:
             await self._poke()
         watch_key = keys.watchers(variant, request_id)
         await self._watch(watch_key, +1)
+        metrics.STREAM_CLIENTS.inc()
         try:
             yield sub
         finally:
+            metrics.STREAM_CLIENTS.dec()
             subs = self._subs.get(sub.key, [])
             if sub in subs:
                 subs.remove(sub)

@@ -1,7 +1,84 @@
-"""Which model variant answers a conversation."""
+"""Which model variant answers a conversation: the stable one, or the canary candidate for the
+console's share of conversations.
 
-from django.conf import settings
+Sticky without storage: a conversation's bucket is a hash of its id (salted per canary) into
+0..99, and it goes to the candidate while its bucket is below the split. Raising the split
+only moves conversations from stable to candidate; a rollback (split 0) moves every one back.
+The split lives in the database (CanaryRouting), mirrored into Redis, and each process reads
+the mirror at most once a second, so a change applies everywhere within a second.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+
+from scheduler import keys
+from scheduler.models import CanaryRouting
+from scheduler.redis import sync_redis
+
+CACHE_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CanarySplit:
+    stable_variant: str
+    candidate_variant: str
+    split_percent: int
+    salt: str
+
+    @classmethod
+    def from_routing(cls, routing: CanaryRouting) -> CanarySplit:
+        return cls(routing.stable_variant, routing.candidate_variant, routing.split_percent, routing.salt)
+
+
+_cache: list[tuple[float, CanarySplit]] = []
+
+
+def canary_mirror() -> CanarySplit:
+    """Write the split from the database into Redis; returns it."""
+    split = CanarySplit.from_routing(CanaryRouting.load())
+    sync_redis().hset(
+        keys.CANARY,
+        mapping={
+            "stable_variant": split.stable_variant,
+            "candidate_variant": split.candidate_variant,
+            "split_percent": str(split.split_percent),
+            "salt": split.salt,
+        },
+    )
+    _cache.clear()
+    return split
+
+
+def canary_split() -> CanarySplit:
+    """The split as routing applies it (from the mirror, rebuilt from the database if lost)."""
+    if _cache and time.monotonic() - _cache[0][0] < CACHE_S:
+        return _cache[0][1]
+    values = sync_redis().hgetall(keys.CANARY)
+    if values:
+        split = CanarySplit(
+            stable_variant=values["stable_variant"],
+            candidate_variant=values["candidate_variant"],
+            split_percent=int(values["split_percent"]),
+            salt=values["salt"],
+        )
+    else:
+        split = canary_mirror()
+    _cache[:] = [(time.monotonic(), split)]
+    return split
+
+
+def conversation_bucket(*, conversation_id: str, salt: str) -> int:
+    """0..99, the same for a conversation for as long as the canary's salt stays."""
+    digest = hashlib.blake2b(f"{salt}:{conversation_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") % 100
 
 
 def variant_for(*, conversation_id: str) -> str:
-    return settings.INFERENCE_VARIANT
+    split = canary_split()
+    if split.candidate_variant and split.split_percent > 0:
+        if conversation_bucket(conversation_id=conversation_id, salt=split.salt) < split.split_percent:
+            return split.candidate_variant
+    return split.stable_variant

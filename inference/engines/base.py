@@ -15,6 +15,11 @@ class EngineDeadError(RuntimeError):
     """The engine can no longer serve any request; the worker must stop and hand jobs back."""
 
 
+class EngineRequestError(RuntimeError):
+    """One request failed inside the engine, which goes on serving the others: the answer ends
+    with an error, and retrying it elsewhere would not help."""
+
+
 @dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str

@@ -4,19 +4,24 @@ Cost model: each engine step decodes one token for every running sequence and ta
 `decode_base_s + decode_per_seq_s * batch`; a sequence admitted in a step adds its prefill
 (`prefill_s_per_token * prompt tokens`). At most `max_num_seqs` run; the rest wait. With all
 costs at zero it is a pure token source for fan-out benchmarks.
+
+`failure_rate` makes that share of requests fail after a few tokens, as a faulty model build
+would (the canary's rollback is tested with it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import random
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
-from inference.engines.base import Delta, EngineStats, GenerationRequest
+from inference.engines.base import Delta, EngineRequestError, EngineStats, GenerationRequest
 
 KV_TOKENS_PER_SEQ = 2048
+FAILURE_AFTER_TOKENS = 3  # a failing request streams this many tokens first
 _FILLER_TEXT = (
     "Thanks for reaching out. This reply comes from the simulated engine, which stands in "
     "for a real model in tests and benchmarks. It streams words at the pace of a GPU cost "
@@ -63,6 +68,7 @@ class SimulatedEngine:
         decode_base_s: float,
         decode_per_seq_s: float,
         output_tokens: int,
+        failure_rate: float = 0.0,
     ) -> None:
         self.label = "simulated"
         self.max_num_seqs = max_num_seqs
@@ -70,6 +76,8 @@ class SimulatedEngine:
         self.decode_base_s = decode_base_s
         self.decode_per_seq_s = decode_per_seq_s
         self.output_tokens = output_tokens
+        self.failure_rate = failure_rate
+        self._random = random.Random()
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[str, _Sequence] = {}
         self._work = asyncio.Event()
@@ -85,11 +93,16 @@ class SimulatedEngine:
             tokens=simulated_answer_tokens(request, count),
             prompt_tokens=sum(len(m["content"].split()) + 4 for m in request.messages),
         )
+        fails_after = (
+            min(FAILURE_AFTER_TOKENS, count - 1) if self._random.random() < self.failure_rate else None
+        )
         self._waiting.append(sequence)
         self._work.set()
         try:
             while True:
                 delta = await sequence.outbox.get()
+                if fails_after is not None and delta.output_tokens > fails_after:
+                    raise EngineRequestError(f"simulated failure of request {request.request_id}")
                 yield delta
                 if delta.finish_reason is not None:
                     return

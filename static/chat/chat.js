@@ -604,6 +604,8 @@
     answer.bubble.dataset.status = status;
     answer.bubble.removeAttribute("aria-busy");
     if (answer.stopButton) answer.stopButton.remove();
+    const feedback = answer.bubble.querySelector(".feedback");
+    if (feedback && status === "done") feedback.hidden = false;
     refreshComposer();
   }
 

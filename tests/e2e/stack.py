@@ -34,13 +34,14 @@ class Stack:
             **self.settings_env,
         )
 
-    def start(self) -> None:
+    def start(self, *, worker: bool = True) -> None:
         self.redis.start()
         for command in (["migrate", "--no-input", "-v0"], ["seed_demo"]):
             returncode = manage(*command, env=self.env, stdout=subprocess.DEVNULL).wait()
             assert returncode == 0, f"manage.py {command[0]} failed"
         self.web = daphne(self.port, self.env, self.workdir / "web.log")
-        self.start_worker()
+        if worker:
+            self.start_worker()
 
     def start_worker(self, **extra_env: str) -> subprocess.Popen:
         log = open(self.workdir / f"worker-{len(self.workers)}.log", "ab")  # noqa: SIM115

@@ -1,0 +1,351 @@
+"""Reads for the console: the live dashboard's numbers, the canary's comparison, the audit log."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import Count, Q, QuerySet
+from django.utils import timezone
+
+from admin_console.models import AuditLog, CanaryRollout
+from chat.models import Message
+from scheduler import keys, timeseries
+from scheduler.models import CanaryRouting, TierPolicy
+from scheduler.queues import queue_state
+from scheduler.workers import WorkerInfo, live_workers
+
+LIVE_WINDOW_S = 5 * 60
+CHART_WINDOW_S = 15 * 60
+
+# --- live dashboard -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    variant: str
+    tier: str
+    queued: int
+    predicted_wait_s: float
+    drain_rate_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    worker_id: str
+    variant: str
+    engine: str
+    simulated: bool
+    running: int
+    slots: int
+    kv_cache_usage: float | None  # 0..1
+    memory_used_bytes: int | None
+    memory_total_bytes: int | None
+    on_gpu: bool  # else the memory shown is the engine process's resident memory
+    heartbeat_age_s: float
+    draining: bool
+
+    @classmethod
+    def from_info(cls, info: WorkerInfo, *, now: float) -> WorkerRow:
+        state = info.state
+        return cls(
+            worker_id=info.worker_id,
+            variant=info.variant,
+            engine=info.engine,
+            simulated=info.engine.startswith("simulated"),
+            running=info.running,
+            slots=info.slots,
+            kv_cache_usage=state.get("kv_cache_usage"),
+            memory_used_bytes=state.get("memory_used_bytes"),
+            memory_total_bytes=state.get("memory_total_bytes"),
+            on_gpu=state.get("memory_source") == "cuda",
+            heartbeat_age_s=max(0.0, now - info.last_seen),
+            draining=bool(state.get("draining")),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Dashboard:
+    queues: list[QueueRow]
+    queued_total: int
+    longest_wait_s: float
+    workers: list[WorkerRow]
+    running_total: int
+    slots_total: int
+    answers: int  # finished in the live window
+    tokens_per_s: float
+    ttft_p50_ms: float | None
+    ttft_p95_ms: float | None
+    itl_p50_ms: float | None
+    itl_p95_ms: float | None
+    refusals_per_min: list[tuple[str, float]]  # by reason, most first
+    refusals_per_min_total: float
+    charts: dict  # JSON for console.js: 15 minutes of queue depth, TTFT p95 and tokens/s
+
+
+def _variants(workers: list[WorkerInfo]) -> list[str]:
+    routing = CanaryRouting.load()
+    variants = {w.variant for w in workers} | {routing.stable_variant}
+    if routing.candidate_variant:
+        variants.add(routing.candidate_variant)
+    return sorted(variants)
+
+
+def _charts(buckets: list[timeseries.SeriesBucket]) -> dict:
+    def depth(bucket: timeseries.SeriesBucket, tier: str) -> int | None:
+        samples = [n for (_, t), n in bucket.queue_depth.items() if t == tier]
+        return sum(samples) if samples else None
+
+    def ttft_p95(bucket: timeseries.SeriesBucket) -> float | None:
+        value = timeseries.latency_percentile(bucket.ttft_bins, 0.95)
+        return None if value is None else round(value, 1)
+
+    return {
+        "bucket_s": timeseries.BUCKET_S,
+        "starts": [b.start for b in buckets],
+        "queue_depth": {tier: [depth(b, tier) for b in buckets] for tier in keys.TIERS},
+        "ttft_p95_ms": [ttft_p95(b) for b in buckets],
+        "tokens_per_s": [round(b.output_tokens / timeseries.BUCKET_S, 1) for b in buckets],
+    }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def dashboard() -> Dashboard:
+    now = time.time()
+    infos = live_workers()
+    queues = [
+        QueueRow(variant=variant, tier=tier, **asdict(queue_state(variant=variant, tier=tier)))
+        for variant in _variants(infos)
+        for tier in keys.TIERS
+    ]
+    buckets = timeseries.series_buckets(seconds=CHART_WINDOW_S, now=now)
+    live = [b for b in buckets if b.start > now - LIVE_WINDOW_S - timeseries.BUCKET_S]
+    live_s = max(1.0, now - live[0].start)
+    ttft = timeseries.merged_bins(b.ttft_bins for b in live)
+    itl = timeseries.merged_bins(b.itl_bins for b in live)
+    refusals: Counter[str] = Counter()
+    for bucket in live:
+        refusals.update(bucket.refusals)
+    workers = [WorkerRow.from_info(info, now=now) for info in infos]
+    return Dashboard(
+        queues=queues,
+        queued_total=sum(q.queued for q in queues),
+        longest_wait_s=max((q.predicted_wait_s for q in queues if q.queued), default=0.0),
+        workers=workers,
+        running_total=sum(w.running for w in workers),
+        slots_total=sum(w.slots for w in workers),
+        answers=sum(sum(b.answers.values()) for b in live),
+        tokens_per_s=round(sum(b.output_tokens for b in live) / live_s, 1),
+        ttft_p50_ms=_rounded(timeseries.latency_percentile(ttft, 0.5)),
+        ttft_p95_ms=_rounded(timeseries.latency_percentile(ttft, 0.95)),
+        itl_p50_ms=_rounded(timeseries.latency_percentile(itl, 0.5)),
+        itl_p95_ms=_rounded(timeseries.latency_percentile(itl, 0.95)),
+        refusals_per_min=[(reason, round(n * 60 / live_s, 1)) for reason, n in refusals.most_common()],
+        refusals_per_min_total=round(sum(refusals.values()) * 60 / live_s, 1),
+        charts=_charts(buckets),
+    )
+
+
+# --- canary ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VariantStats:
+    """A variant's answers completed since `since`, as the canary rules compare them."""
+
+    variant: str
+    since: datetime
+    answers: int  # done or failed; answers the asker stopped say nothing about the model
+    errors: int
+    ttft_p95_ms: float | None
+    votes: int
+    thumbs_down: int
+
+    @property
+    def error_rate(self) -> float | None:
+        return self.errors / self.answers if self.answers else None
+
+    @property
+    def thumbs_down_rate(self) -> float | None:
+        return self.thumbs_down / self.votes if self.votes else None
+
+    def as_record(self) -> dict:
+        """The numbers, as stored with a rollback."""
+        return {
+            "variant": self.variant,
+            "since": self.since.isoformat(),
+            "answers": self.answers,
+            "errors": self.errors,
+            "error_rate": self.error_rate,
+            "ttft_p95_ms": self.ttft_p95_ms,
+            "votes": self.votes,
+            "thumbs_down": self.thumbs_down,
+            "thumbs_down_rate": self.thumbs_down_rate,
+        }
+
+
+def _p95(values: list[float]) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[math.ceil(0.95 * len(ordered)) - 1], 1)
+
+
+def variant_stats(*, variant: str, since: datetime) -> VariantStats:
+    finished = Message.objects.filter(
+        role=Message.Role.ASSISTANT,
+        variant=variant,
+        completed_at__gte=since,
+        status__in=[Message.Status.DONE, Message.Status.ERROR],
+    )
+    counts = finished.aggregate(
+        answers=Count("pk"),
+        errors=Count("pk", filter=Q(status=Message.Status.ERROR)),
+        votes=Count("pk", filter=Q(feedback__isnull=False)),
+        thumbs_down=Count("pk", filter=Q(feedback=Message.Feedback.DOWN)),
+    )
+    ttfts = list(
+        finished.filter(status=Message.Status.DONE, ttft_ms__isnull=False).values_list("ttft_ms", flat=True)
+    )
+    return VariantStats(variant=variant, since=since, ttft_p95_ms=_p95(ttfts), **counts)
+
+
+def canary_comparison(*, rollout: CanaryRollout, now: datetime | None = None) -> tuple[VariantStats, VariantStats]:
+    """(stable, candidate) over the rollout's window.
+
+    The candidate counts only since the rollout began. Stable counts over the same window
+    while it has enough answers; at high splits it has few, so its baseline then reaches back
+    to one window before the rollout began.
+    """
+    now = now or timezone.now()
+    window = timedelta(seconds=rollout.window_s)
+    candidate = variant_stats(variant=rollout.candidate_variant, since=max(now - window, rollout.started_at))
+    stable = variant_stats(variant=rollout.stable_variant, since=now - window)
+    if stable.answers < rollout.min_answers or stable.votes < rollout.min_votes:
+        stable = variant_stats(variant=rollout.stable_variant, since=rollout.started_at - window)
+    return stable, candidate
+
+
+@dataclass(frozen=True, slots=True)
+class RuleCheck:
+    rule: str  # "error_rate" | "ttft_p95" | "thumbs_down"
+    label: str
+    stable: float | None
+    candidate: float | None
+    limit: str  # how the rule reads, e.g. "+5 points"
+    state: str  # "ok" | "breached" | "waiting" (not enough answers or votes yet)
+
+    @property
+    def breached(self) -> bool:
+        return self.state == "breached"
+
+
+def rule_checks(*, rollout: CanaryRollout, stable: VariantStats, candidate: VariantStats) -> list[RuleCheck]:
+    answers_enough = min(stable.answers, candidate.answers) >= rollout.min_answers
+    votes_enough = min(stable.votes, candidate.votes) >= rollout.min_votes
+
+    def state(enough: bool, breached: bool) -> str:
+        return "waiting" if not enough else ("breached" if breached else "ok")
+
+    error_gap = None
+    if stable.error_rate is not None and candidate.error_rate is not None:
+        error_gap = (candidate.error_rate - stable.error_rate) * 100
+    down_gap = None
+    if stable.thumbs_down_rate is not None and candidate.thumbs_down_rate is not None:
+        down_gap = (candidate.thumbs_down_rate - stable.thumbs_down_rate) * 100
+    ttft_known = stable.ttft_p95_ms is not None and candidate.ttft_p95_ms is not None
+    return [
+        RuleCheck(
+            rule="error_rate",
+            label="Error rate",
+            stable=stable.error_rate,
+            candidate=candidate.error_rate,
+            limit=f"candidate at most +{rollout.max_error_rate_increase_points:g} points",
+            state=state(
+                answers_enough and error_gap is not None,
+                error_gap is not None and error_gap > rollout.max_error_rate_increase_points,
+            ),
+        ),
+        RuleCheck(
+            rule="ttft_p95",
+            label="Time to first token, p95 (ms)",
+            stable=stable.ttft_p95_ms,
+            candidate=candidate.ttft_p95_ms,
+            limit=f"candidate at most {rollout.max_ttft_p95_ratio:g}× stable",
+            state=state(
+                answers_enough and ttft_known,
+                ttft_known and candidate.ttft_p95_ms > rollout.max_ttft_p95_ratio * stable.ttft_p95_ms,
+            ),
+        ),
+        RuleCheck(
+            rule="thumbs_down",
+            label="Thumbs-down share of votes",
+            stable=stable.thumbs_down_rate,
+            candidate=candidate.thumbs_down_rate,
+            limit=f"candidate at most +{rollout.max_thumbs_down_increase_points:g} points",
+            state=state(
+                votes_enough and down_gap is not None,
+                down_gap is not None and down_gap > rollout.max_thumbs_down_increase_points,
+            ),
+        ),
+    ]
+
+
+def running_rollout() -> CanaryRollout | None:
+    return CanaryRollout.objects.filter(status=CanaryRollout.Status.RUNNING).first()
+
+
+@dataclass(frozen=True, slots=True)
+class CanaryOverview:
+    routing: CanaryRouting
+    rollout: CanaryRollout | None  # the running one
+    last_rollout: CanaryRollout | None  # the latest one, running or ended
+    stable: VariantStats | None
+    candidate: VariantStats | None
+    checks: list[RuleCheck]
+    next_percent: int | None
+    next_step_at: datetime | None
+    workers_by_variant: dict[str, int]
+
+
+def canary_overview() -> CanaryOverview:
+    routing = CanaryRouting.load()
+    rollout = running_rollout()
+    workers = Counter(w.variant for w in live_workers() if not w.state.get("draining"))
+    stable = candidate = None
+    checks: list[RuleCheck] = []
+    next_percent = next_step_at = None
+    if rollout is not None:
+        stable, candidate = canary_comparison(rollout=rollout)
+        checks = rule_checks(rollout=rollout, stable=stable, candidate=candidate)
+        next_percent = rollout.next_percent(routing.split_percent)
+        next_step_at = rollout.step_started_at + timedelta(seconds=rollout.hold_s(routing.split_percent))
+    return CanaryOverview(
+        routing=routing,
+        rollout=rollout,
+        last_rollout=CanaryRollout.objects.first(),
+        stable=stable,
+        candidate=candidate,
+        checks=checks,
+        next_percent=next_percent,
+        next_step_at=next_step_at,
+        workers_by_variant=dict(sorted(workers.items())),
+    )
+
+
+# --- rate limits and audit ------------------------------------------------------------------------
+
+
+def tier_policies() -> list[TierPolicy]:
+    order = {tier: index for index, tier in enumerate(keys.TIERS)}
+    return sorted(TierPolicy.objects.all(), key=lambda policy: order.get(policy.tier, len(order)))
+
+
+def audit_entries(*, limit: int = 200) -> QuerySet[AuditLog]:
+    return AuditLog.objects.select_related("actor")[:limit]

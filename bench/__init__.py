@@ -1,0 +1,1 @@
+"""Benchmarks that measure the running product the way LLM serving is measured."""

@@ -1,0 +1,104 @@
+"""`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
+
+Scenarios: overhead, fanout, batching, idle, scheduling (see docs/BENCHMARKS.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+from bench import plots, scenarios
+
+OUT = Path(__file__).resolve().parent.parent / "docs" / "bench"
+
+
+def machine() -> dict:
+    return {
+        "cpus": os.cpu_count(),
+        "memory_gib": round(os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30, 1),
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    parser.add_argument("scenario", choices=["overhead", "fanout", "batching", "idle", "scheduling"])
+    parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
+    parser.add_argument("--rounds", type=int, default=3, help="overhead: interleaved rounds")
+    parser.add_argument("--streams", default="200,1000,2000", help="fanout: stream counts")
+    parser.add_argument("--idle-streams", type=int, default=2000)
+    parser.add_argument("--duration", type=float, default=60.0, help="scheduling: seconds of arrivals")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+
+    # Thousands of streams need thousands of sockets, here and in the processes we start.
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    args.out.mkdir(parents=True, exist_ok=True)
+    print(f"== {args.scenario} ==", flush=True)
+    if args.scenario == "overhead":
+        report = scenarios.overhead(
+            engine=args.engine, rounds=args.rounds, concurrencies=[1, 16], max_tokens=64
+        )
+        name = f"overhead-{args.engine}"
+        png = plots.overhead(report, args.out / f"{name}.png")
+        for c, row in report["table"].items():
+            print(
+                f"c={c:<3} TTFT p50 engine {row['engine_alone_ttft_p50_ms']:7.1f} ms  stack "
+                f"{row['stack_ttft_p50_ms']:7.1f} ms  (+{row['added_ttft_p50_ms']:.1f} ms)   tok/s engine "
+                f"{row['engine_alone_tokens_per_s']:7.1f}  stack {row['stack_tokens_per_s']:7.1f}  "
+                f"({row['throughput_ratio']:.0%})"
+            )
+    elif args.scenario == "fanout":
+        report = scenarios.fanout(streams=[int(s) for s in args.streams.split(",")], tokens=50)
+        name = "fanout"
+        png = plots.fanout(report, args.out / f"{name}.png")
+    elif args.scenario == "batching":
+        report = scenarios.batching(concurrencies=[1, 4, 16], max_tokens=64)
+        name = "batching"
+        png = plots.batching(report, args.out / f"{name}.png")
+        for c, row in report["table"].items():
+            print(
+                f"c={c:<3} {row['output_tokens_per_s']:7.1f} tok/s ({report['speedup'][c]:.1f}x)  TTFT p50 "
+                f"{row['ttft_s']['p50']:.2f} s  TPOT p50 {row['tpot_s']['p50'] * 1000:.0f} ms"
+            )
+    elif args.scenario == "idle":
+        report = scenarios.idle(streams=args.idle_streams, hold_s=40, heartbeat_s=15)
+        name = "idle"
+        png = plots.idle(report, args.out / f"{name}.png")
+        lateness = report["heartbeat_lateness_s"]
+        print(
+            f"{report['streams']} streams: {report['memory_per_stream_kb']:.1f} KB each; heartbeat "
+            f"lateness p50 {lateness['p50']:.3f} s, p99 {lateness['p99']:.3f} s, max "
+            f"{report['heartbeat_lateness_max_s']:.3f} s over {report['heartbeats']} heartbeats"
+        )
+    else:
+        report = scenarios.scheduling(duration_s=args.duration, overload=2.0, vip_share=0.2)
+        name = "scheduling"
+        png = plots.scheduling(report, args.out / f"{name}.png")
+        for mode in ("policy", "fifo"):
+            for tier, row in report[mode]["per_tier"].items():
+                print(
+                    f"{mode:<6} {tier:<6} sent {row['requests']:4}  429 {row['refused_429']:3}  "
+                    f"503 {row['refused_503']:4}  timed out {row['timed_out']:3}  "
+                    f"silent drops {row['silent_drops']}  TTFT p50 {row['ttft_s']['p50'] or 0:6.2f} s  "
+                    f"p99 {row['ttft_s']['p99'] or 0:6.2f} s"
+                )
+    report["machine"] = machine()
+    (args.out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
+    print(f"wrote {args.out / (name + '.json')} and {png}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

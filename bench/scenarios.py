@@ -1,0 +1,461 @@
+"""The benchmark scenarios. Each starts the product's real processes, drives them over
+HTTP/SSE like browsers, and pairs its figure with a ceiling measured in the same run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis.asyncio as aioredis
+
+from bench.client import Session
+from bench.load import SessionPool, burst, fixed_concurrency, poisson
+from bench.stats import RequestResult, distribution, percentile, summarize
+from scheduler import keys
+from tests.e2e.stack import Stack
+
+QUESTIONS = [
+    "What is the capital of France?",
+    "How do I reset my password?",
+    "Can I return a product after 30 days?",
+    "What are your opening hours?",
+    "How long does shipping take?",
+    "Do you ship to Canada?",
+    "How do I cancel my subscription?",
+    "Who can I call for help?",
+]
+
+# Limits out of the way: these scenarios measure the serving path, not refusals.
+UNLIMITED = {
+    **{f"RATE_LIMIT_{t}_CAPACITY": "1000000" for t in ("VIP", "NORMAL")},
+    **{f"RATE_LIMIT_{t}_REFILL_PER_S": "100000" for t in ("VIP", "NORMAL")},
+    **{f"RATE_LIMIT_{t}_TIER_CAPACITY": "1000000" for t in ("VIP", "NORMAL")},
+    **{f"RATE_LIMIT_{t}_TIER_REFILL_PER_S": "100000" for t in ("VIP", "NORMAL")},
+    **{f"MAX_CONCURRENT_{t}": "1000000" for t in ("VIP", "NORMAL")},
+    **{f"QUEUE_MAX_{t}": "1000000" for t in ("VIP", "NORMAL")},
+    **{f"WAIT_SLO_{t}_S": "1000000" for t in ("VIP", "NORMAL")},
+    **{f"MAX_WAIT_{t}_S": "1000000" for t in ("VIP", "NORMAL")},
+    "GLOBAL_RATE_LIMIT_CAPACITY": "1000000",
+    "GLOBAL_RATE_LIMIT_REFILL_PER_S": "100000",
+    "LOG_LEVEL": "WARNING",
+}
+
+
+def question(n: int) -> str:
+    return QUESTIONS[n % len(QUESTIONS)]
+
+
+@contextmanager
+def running(stack_env: dict[str, str], *, worker: bool = True):
+    stack = Stack(Path(tempfile.mkdtemp(prefix="bench-")), **stack_env)
+    print(f"  starting the product ({stack_env.get('INFERENCE_ENGINE', 'vllm')} engine)...", flush=True)
+    started = time.perf_counter()
+    stack.start(worker=worker)
+    print(f"  ready in {time.perf_counter() - started:.1f} s", flush=True)
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+# --- 1. overhead ------------------------------------------------------------------------------
+
+
+async def _engine_alone(
+    engine: Any, *, concurrency: int, requests: int, max_tokens: int
+) -> tuple[list, float]:
+    """The same prompts straight into the engine, in this process: the ceiling."""
+    from django.conf import settings
+
+    from inference.engines.base import GenerationRequest
+
+    results: list[RequestResult] = []
+    counter = iter(range(requests))
+
+    async def user() -> None:
+        for n in counter:
+            result = RequestResult(tier="engine", submitted_at=time.perf_counter(), status=202)
+            request = GenerationRequest(
+                request_id=f"direct-{time.time_ns()}-{n}",
+                messages=[
+                    {"role": "system", "content": settings.CHAT_SYSTEM_PROMPT},
+                    {"role": "user", "content": question(n)},
+                ],
+                max_tokens=max_tokens,
+                temperature=0.0,
+            )
+            async for delta in engine.generate(request):
+                if delta.text:
+                    result.token_times.append(time.perf_counter())
+            result.finished_at = time.perf_counter()
+            result.outcome = "done"
+            results.append(result)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(user() for _ in range(concurrency)))
+    return results, time.perf_counter() - started
+
+
+def overhead(*, engine: str, rounds: int, concurrencies: list[int], max_tokens: int) -> dict:
+    env = {
+        **UNLIMITED,
+        "INFERENCE_ENGINE": engine,
+        "INFERENCE_MAX_NUM_SEQS": str(max(concurrencies)),
+        "VIP_RESERVED_SLOTS": "0",
+        "GENERATION_MAX_TOKENS": str(max_tokens),
+        "GENERATION_TEMPERATURE": "0",
+        "SIMULATED_OUTPUT_TOKENS": str(max_tokens),
+    }
+    os.environ.update(env)
+    import django
+
+    django.setup()
+    from inference.engines import build_engine
+
+    runs: dict[str, dict[int, list[dict]]] = {"engine": {}, "stack": {}}
+    with running(env) as stack:
+
+        async def main() -> None:
+            direct_engine = build_engine()
+            print("  starting the engine alone in this process...", flush=True)
+            await direct_engine.start()
+            pool = SessionPool(stack.base_url)
+            await pool.fill("normal", max(concurrencies))
+            for round_number in range(rounds):
+                for concurrency in concurrencies:
+                    requests = max(2 * concurrency, 8)
+                    # warm both paths once, then measure them back to back
+                    results, duration = await _engine_alone(
+                        direct_engine, concurrency=concurrency, requests=requests, max_tokens=max_tokens
+                    )
+                    runs["engine"].setdefault(concurrency, []).append(
+                        summarize(results, duration_s=duration, ttft_slo_s=1, tpot_slo_s=1)
+                    )
+                    print(f"  round {round_number + 1} c={concurrency}: engine alone done", flush=True)
+                    results, duration = await fixed_concurrency(
+                        pool,
+                        concurrency=concurrency,
+                        requests=requests,
+                        tier="normal",
+                        prompt=question,
+                        timeout_s=600,
+                        label=f"round {round_number + 1} c={concurrency} stack",
+                    )
+                    runs["stack"].setdefault(concurrency, []).append(
+                        summarize(results, duration_s=duration, ttft_slo_s=1, tpot_slo_s=1)
+                    )
+            pool.close()
+            await direct_engine.shutdown()
+
+        asyncio.run(main())
+
+    table = {}
+    for concurrency in concurrencies:
+        engine_runs, stack_runs = runs["engine"][concurrency], runs["stack"][concurrency]
+        # The first round warms caches on both paths; report the median of the others.
+        measured = slice(1, None) if rounds > 1 else slice(None)
+        engine_ttft = _median([r["all"]["ttft_s"]["p50"] for r in engine_runs[measured]])
+        stack_ttft = _median([r["all"]["ttft_s"]["p50"] for r in stack_runs[measured]])
+        engine_tps = _median([r["all"]["output_tokens_per_s"] for r in engine_runs[measured]])
+        stack_tps = _median([r["all"]["output_tokens_per_s"] for r in stack_runs[measured]])
+        table[concurrency] = {
+            "engine_alone_ttft_p50_ms": engine_ttft * 1000,
+            "stack_ttft_p50_ms": stack_ttft * 1000,
+            "added_ttft_p50_ms": (stack_ttft - engine_ttft) * 1000,
+            "engine_alone_tokens_per_s": engine_tps,
+            "stack_tokens_per_s": stack_tps,
+            "throughput_ratio": stack_tps / engine_tps,
+        }
+    return {"engine": engine, "rounds": rounds, "max_tokens": max_tokens, "table": table, "runs": runs}
+
+
+def _median(values: list[float]) -> float:
+    return percentile(values, 50) or 0.0
+
+
+# --- 2. fan-out ------------------------------------------------------------------------------------
+
+
+def _delivery(traces: list) -> dict:
+    """Tokens delivered per second from the first token to the last, and ITL p99."""
+    times = [t for trace in traces for t in trace.token_times]
+    itls = [b - a for trace in traces for a, b in zip(trace.token_times, trace.token_times[1:], strict=False)]
+    span = (max(times) - min(times)) if len(times) > 1 else float("nan")
+    return {
+        "streams": len(traces),
+        "completed": sum(trace.outcome == "done" for trace in traces),
+        "tokens": len(times),
+        "tokens_per_s": len(times) / span,
+        "itl_s": distribution(itls),
+    }
+
+
+def fanout(*, streams: list[int], tokens: int) -> dict:
+    env = {
+        **UNLIMITED,
+        "INFERENCE_ENGINE": "simulated",
+        "INFERENCE_MAX_NUM_SEQS": str(max(streams)),
+        "VIP_RESERVED_SLOTS": "0",
+        "SIMULATED_OUTPUT_TOKENS": str(tokens),
+        "GENERATION_MAX_TOKENS": str(tokens),
+        "SIMULATED_PREFILL_S_PER_TOKEN": "0",
+        "SIMULATED_DECODE_BASE_S": "0",
+        "SIMULATED_DECODE_PER_SEQ_S": "0",
+        "BENCH_ENDPOINTS": "true",
+    }
+    table: dict[int, dict] = {}
+    with running(env) as stack:
+
+        async def bare(count: int) -> dict:
+            sessions = [Session(stack.base_url) for _ in range(count)]
+            traces = await asyncio.gather(
+                *(s.stream(f"/bench/bare-sse?tokens={tokens}", timeout_s=600) for s in sessions)
+            )
+            return _delivery(traces)
+
+        async def through_stack(count: int) -> dict:
+            pool = SessionPool(stack.base_url)
+            await pool.fill("normal", count)
+            results, _ = await burst(
+                pool,
+                requests=count,
+                tier="normal",
+                prompt=question,
+                timeout_s=600,
+                label=f"stack {count} streams",
+            )
+            pool.close()
+
+            class Trace:  # the shape _delivery reads
+                def __init__(self, result: RequestResult) -> None:
+                    self.token_times = result.token_times
+                    self.outcome = result.outcome
+
+            return _delivery([Trace(r) for r in results])
+
+        for count in streams:
+            print(f"  {count} streams: bare endpoint...", flush=True)
+            ceiling = asyncio.run(bare(count))
+            measured = asyncio.run(through_stack(count))
+            table[count] = {
+                "bare": ceiling,
+                "stack": measured,
+                "ratio": measured["tokens_per_s"] / ceiling["tokens_per_s"],
+            }
+            print(
+                f"  {count} streams: bare {ceiling['tokens_per_s']:,.0f} tok/s, stack "
+                f"{measured['tokens_per_s']:,.0f} tok/s ({table[count]['ratio']:.0%})",
+                flush=True,
+            )
+    return {"tokens_per_stream": tokens, "table": table}
+
+
+# --- 3. batching -----------------------------------------------------------------------------------
+
+
+def batching(*, concurrencies: list[int], max_tokens: int) -> dict:
+    env = {
+        **UNLIMITED,
+        "INFERENCE_ENGINE": "vllm",
+        "INFERENCE_MAX_NUM_SEQS": str(max(concurrencies)),
+        "VIP_RESERVED_SLOTS": "0",
+        "GENERATION_MAX_TOKENS": str(max_tokens),
+        "GENERATION_TEMPERATURE": "0",
+    }
+    table: dict[int, dict] = {}
+    with running(env) as stack:
+
+        async def main() -> None:
+            pool = SessionPool(stack.base_url)
+            await pool.fill("normal", max(concurrencies))
+            await fixed_concurrency(  # warm-up
+                pool,
+                concurrency=1,
+                requests=1,
+                tier="normal",
+                prompt=question,
+                timeout_s=600,
+                label="warm-up",
+            )
+            for concurrency in concurrencies:
+                results, duration = await fixed_concurrency(
+                    pool,
+                    concurrency=concurrency,
+                    requests=max(2 * concurrency, 6),
+                    tier="normal",
+                    prompt=question,
+                    timeout_s=600,
+                    label=f"c={concurrency}",
+                )
+                table[concurrency] = summarize(results, duration_s=duration, ttft_slo_s=2, tpot_slo_s=0.5)[
+                    "all"
+                ]
+            pool.close()
+
+        asyncio.run(main())
+    base = table[min(concurrencies)]["output_tokens_per_s"]
+    return {
+        "max_tokens": max_tokens,
+        "table": table,
+        "speedup": {c: row["output_tokens_per_s"] / base for c, row in table.items()},
+    }
+
+
+# --- 4. idle streams -------------------------------------------------------------------------------
+
+
+def idle(*, streams: int, hold_s: float, heartbeat_s: float) -> dict:
+    env = {
+        **UNLIMITED,
+        "INFERENCE_ENGINE": "simulated",
+        "SSE_HEARTBEAT_S": str(heartbeat_s),
+        "SSE_STATUS_INTERVAL_S": "100000",  # heartbeats only: status events would reset the timer
+    }
+    with running(env, worker=False) as stack:
+        web = psutil.Process(stack.web.pid)
+
+        async def main() -> dict:
+            pool = SessionPool(stack.base_url)
+            await pool.fill("normal", streams)
+            warm = await pool.borrow("normal")
+            await warm.new_conversation()
+            pool.give_back("normal", warm)
+            rss_before = web.memory_info().rss
+            opened = 0
+
+            def on_open() -> None:
+                nonlocal opened
+                opened += 1
+
+            async def hold() -> Any:
+                session = await pool.borrow("normal")
+                conversation = await session.new_conversation()
+                response = await session.post_message(conversation, "waiting in line")
+                session.close()
+                return await session.stream(response.json()["stream_url"], timeout_s=hold_s, on_open=on_open)
+
+            tasks = [asyncio.create_task(hold()) for _ in range(streams)]
+            while opened < streams:
+                await asyncio.sleep(0.5)
+                print(f"\r  open streams: {opened}/{streams}", end="", flush=True)
+            await asyncio.sleep(heartbeat_s / 2)
+            rss_open = web.memory_info().rss
+            print(f"\n  holding {streams} open streams for {hold_s:.0f} s...", flush=True)
+            traces = await asyncio.gather(*tasks)
+            lateness = []
+            for trace in traces:
+                previous = trace.first_status_at
+                for beat in trace.heartbeat_times:
+                    if previous is not None:
+                        lateness.append(beat - previous - heartbeat_s)
+                    previous = beat
+            return {
+                "streams": streams,
+                "web_rss_before_mb": rss_before / 2**20,
+                "web_rss_open_mb": rss_open / 2**20,
+                "memory_per_stream_kb": (rss_open - rss_before) / streams / 1024,
+                "heartbeats": len(lateness),
+                "heartbeat_lateness_s": distribution(lateness),
+                "heartbeat_lateness_max_s": max(lateness) if lateness else None,
+                "lateness_samples": lateness,
+            }
+
+        return asyncio.run(main())
+
+
+# --- 5. scheduling under overload -----------------------------------------------------------------
+
+
+async def _queue_sampler(redis_url: str, samples: list[tuple[float, dict[str, int]]]) -> None:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    started = time.perf_counter()
+    try:
+        while True:
+            depths = {}
+            for tier in ("vip", "normal"):
+                enqueued, claimed = await client.mget(
+                    keys.enqueue_seq("stable", tier), keys.claimed_seq("stable", tier)
+                )
+                depths[tier] = int(enqueued or 0) - int(claimed or 0)
+            samples.append((time.perf_counter() - started, depths))
+            await asyncio.sleep(0.5)
+    finally:
+        await client.aclose()
+
+
+def scheduling(*, duration_s: float, overload: float, vip_share: float) -> dict:
+    """2x the engine's capacity on a GPU-like simulated engine: the policy vs plain FIFO."""
+    slots, tokens = 16, 60
+    decode_base_s, decode_per_seq_s = 0.02, 0.001
+    service_s = tokens * (decode_base_s + decode_per_seq_s * slots)
+    capacity_per_s = slots / service_s
+    rate = overload * capacity_per_s
+    engine_env = {
+        "INFERENCE_ENGINE": "simulated",
+        "INFERENCE_MAX_NUM_SEQS": str(slots),
+        "SIMULATED_OUTPUT_TOKENS": str(tokens),
+        "GENERATION_MAX_TOKENS": str(tokens),
+        "SIMULATED_DECODE_BASE_S": str(decode_base_s),
+        "SIMULATED_DECODE_PER_SEQ_S": str(decode_per_seq_s),
+        "SERVICE_TIME_PRIOR_S": str(service_s),
+        "GENERATION_TIMEOUT_S": "120",
+    }
+    modes = {
+        "policy": {
+            **UNLIMITED,
+            **engine_env,
+            "VIP_RESERVED_SLOTS": "4",
+            "WAIT_SLO_VIP_S": "1",
+            "WAIT_SLO_NORMAL_S": "8",
+            "MAX_WAIT_VIP_S": "30",
+            "MAX_WAIT_NORMAL_S": "60",
+            "QUEUE_MAX_NORMAL": "500",
+        },
+        "fifo": {**UNLIMITED, **engine_env, "VIP_RESERVED_SLOTS": "0", "SCHEDULER_PRIORITY": "false"},
+    }
+    report: dict[str, Any] = {
+        "offered_rate_per_s": rate,
+        "engine_capacity_per_s": capacity_per_s,
+        "duration_s": duration_s,
+        "vip_share": vip_share,
+    }
+    for mode, env in modes.items():
+        with running(env) as stack:
+
+            async def main() -> tuple[list[RequestResult], float, list]:
+                pool = SessionPool(stack.base_url)
+                await pool.fill("vip", 200)
+                await pool.fill("normal", 400)
+                samples: list[tuple[float, dict[str, int]]] = []
+                sampler = asyncio.create_task(_queue_sampler(stack.redis.url, samples))
+                import random
+
+                rng = random.Random(11)
+                results, duration = await poisson(
+                    pool,
+                    rate_per_s=rate,
+                    duration_s=duration_s,
+                    tier_of=lambda rng=rng: "vip" if rng.random() < vip_share else "normal",
+                    prompt=question,
+                    timeout_s=90,
+                    label=mode,
+                )
+                sampler.cancel()
+                pool.close()
+                return results, duration, samples
+
+            results, duration, samples = asyncio.run(main())
+            summary = summarize(results, duration_s=duration, ttft_slo_s=1.5, tpot_slo_s=0.2)
+            summary["queue_depth"] = samples
+            summary["ttft_samples"] = {
+                tier: sorted(r.ttft_s for r in results if r.tier == tier and r.ttft_s is not None)
+                for tier in ("vip", "normal")
+            }
+            report[mode] = summary
+    return report

@@ -1,0 +1,197 @@
+"""Chat completions for the OpenAI-compatible API: submit to the scheduler, then follow the
+request's result stream and answer whole or as OpenAI chunks.
+
+A `reset` event means a worker died and another restarts the answer from scratch. A whole
+answer simply starts collecting again. A stream that has not sent any text yet carries on
+with the new attempt; one that has cannot take its text back, so it ends with an error chunk
+(code `generation_restarted`) and `[DONE]`, and the restarted generation is cancelled rather
+than streamed to nobody. Clients retry such a call as they would any failed one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from chat.models import ApiKey
+from chat.openai_shapes import ApiError, ChatRequest, ChunkHeader, completion_id, completion_object
+from chat.sse import sse_comment, sse_data
+from scheduler import control
+from scheduler.admission import request_submit
+from scheduler.policy import tier_policy
+from scheduler.results import ResultEvent, result_follower
+from scheduler.routing import variant_for
+
+# Beyond the longest a request may wait in its queue plus the generation timeout, the worker
+# has already given up on it; this covers the time to say so.
+WAIT_MARGIN_S = 10.0
+# An answer that expired in the queue met a long queue moments ago: give it time to drain.
+EXPIRED_RETRY_AFTER_S = 10
+
+
+@dataclass(frozen=True, slots=True)
+class SubmittedCompletion:
+    request_id: str
+    variant: str
+    created: int
+    wait_limit_s: float  # the longest the caller waits for the end of the answer
+
+
+def completion_submit(*, api_key: ApiKey, request: ChatRequest) -> SubmittedCompletion:
+    """Admit the request under the key's tier and limits; raises AdmissionRefused."""
+    request_id = str(uuid.uuid4())
+    variant = variant_for(conversation_id=completion_id(request_id))
+    tier = api_key.effective_tier
+    request_submit(
+        request_id=request_id,
+        client_id=api_key.client_id,
+        tier=tier,
+        variant=variant,
+        payload={**request.generation_params(), "disconnect_grace_s": settings.API_DISCONNECT_GRACE_S},
+    )
+    return SubmittedCompletion(
+        request_id=request_id,
+        variant=variant,
+        created=int(time.time()),
+        wait_limit_s=tier_policy(tier).max_wait_s + settings.GENERATION_TIMEOUT_S + WAIT_MARGIN_S,
+    )
+
+
+def generation_error(code: str, message: str) -> ApiError:
+    """A request admitted but not answered. Only an expired one is worth retrying soon: the
+    others (timeout, engine failure, cancelled) would most likely end the same way again."""
+    if code == "expired":
+        return ApiError(503, message, type="server_error", code=code, retry_after_s=EXPIRED_RETRY_AFTER_S)
+    return ApiError(500, message, type="server_error", code=code, retryable=False)
+
+
+def _cancelled() -> ApiError:
+    return generation_error("cancelled", "The request was cancelled before its answer was finished.")
+
+
+def _restarted() -> ApiError:
+    return generation_error(
+        "generation_restarted",
+        "The server answering this request failed mid-answer; please send the request again.",
+    )
+
+
+def _wait_limit_error(submitted: SubmittedCompletion) -> ApiError:
+    return generation_error("timeout", f"No complete answer within {submitted.wait_limit_s:.0f} s.")
+
+
+async def _cancel(request_id: str) -> None:
+    await sync_to_async(control.request_cancel, thread_sensitive=False)(request_id=request_id)
+
+
+async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
+    """Wait for the whole answer; returns a chat.completion object or raises ApiError."""
+    async with result_follower().subscribe(
+        variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
+    ) as subscription:
+        parts: list[str] = []
+        try:
+            async with asyncio.timeout(submitted.wait_limit_s):
+                while True:
+                    event = await subscription.events.get()
+                    if event.type == "token":
+                        parts.append(event.data["text"])
+                    elif event.type == "reset":
+                        parts.clear()
+                    elif event.type == "error":
+                        raise generation_error(event.data["code"], event.data["message"])
+                    elif event.type == "done":
+                        break
+        except TimeoutError:
+            await _cancel(submitted.request_id)
+            raise _wait_limit_error(submitted) from None
+    if event.data["finish_reason"] == "cancelled":
+        raise _cancelled()
+    return completion_object(
+        request_id=submitted.request_id,
+        created=submitted.created,
+        model=submitted.variant,
+        text="".join(parts),
+        finish_reason=event.data["finish_reason"],
+        usage=event.data.get("usage") or {},
+    )
+
+
+def _json(data: dict[str, Any]) -> bytes:
+    return sse_data(json.dumps(data, separators=(",", ":")))
+
+
+DONE = sse_data("[DONE]")
+
+
+async def _next_events(queue: asyncio.Queue[ResultEvent], timeout_s: float) -> list[ResultEvent]:
+    """The next event and whatever else has already arrived, so tokens of one engine step
+    go out as one chunk."""
+    events = [await asyncio.wait_for(queue.get(), timeout_s)]
+    while not queue.empty():
+        events.append(queue.get_nowait())
+    return events
+
+
+async def completion_stream(submitted: SubmittedCompletion, *, include_usage: bool) -> AsyncIterator[bytes]:
+    """The answer as OpenAI SSE chunks, ending with `data: [DONE]`. While subscribed the request
+    counts as watched; once the client leaves, the worker cancels it after the API's grace."""
+    header = ChunkHeader(submitted.request_id, submitted.created, submitted.variant, include_usage)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + submitted.wait_limit_s
+    async with result_follower().subscribe(
+        variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
+    ) as subscription:
+        yield _json(header.chunk({"role": "assistant", "content": ""}))
+        sent_text = False
+        while True:
+            left_s = deadline - loop.time()
+            if left_s <= 0:
+                await _cancel(submitted.request_id)
+                yield _json(_wait_limit_error(submitted).body())
+                yield DONE
+                return
+            try:
+                events = await _next_events(subscription.events, min(settings.SSE_HEARTBEAT_S, left_s))
+            except TimeoutError:
+                yield sse_comment("keep-alive")  # proxies close connections that stay silent
+                continue
+            text: list[str] = []
+            for event in events:
+                if event.type == "token":
+                    text.append(event.data["text"])
+                elif event.type == "reset":
+                    if sent_text:
+                        await _cancel(submitted.request_id)
+                        yield _json(_restarted().body())
+                        yield DONE
+                        return
+                    text.clear()
+                elif event.type in {"done", "error"}:
+                    if text:
+                        yield _json(header.chunk({"content": "".join(text)}))
+                    for frame in _closing_frames(header, event):
+                        yield frame
+                    return
+            if text:
+                yield _json(header.chunk({"content": "".join(text)}))
+                sent_text = True
+
+
+def _closing_frames(header: ChunkHeader, event: ResultEvent) -> list[bytes]:
+    if event.type == "error":
+        return [_json(generation_error(event.data["code"], event.data["message"]).body()), DONE]
+    if event.data["finish_reason"] == "cancelled":
+        return [_json(_cancelled().body()), DONE]
+    frames = [_json(header.chunk({}, event.data["finish_reason"]))]
+    if header.include_usage:
+        frames.append(_json(header.usage_chunk(event.data.get("usage") or {})))
+    return [*frames, DONE]
