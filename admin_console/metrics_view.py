@@ -4,7 +4,7 @@ from http import HTTPStatus
 
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 
 from scheduler.metrics import scrape_refusal, web_exposition
 
@@ -25,4 +25,5 @@ def metrics(request: HttpRequest) -> HttpResponse:
         if refusal == HTTPStatus.UNAUTHORIZED:
             response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    return HttpResponse(web_exposition(), content_type=CONTENT_TYPE_LATEST)
+    # The classic text format, which every Prometheus reads: no name here needs escaping.
+    return HttpResponse(web_exposition(), content_type=CONTENT_TYPE_PLAIN_0_0_4)

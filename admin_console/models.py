@@ -48,6 +48,9 @@ class AuditLog(models.Model):
         ]
 
 
+RULE_NAMES = {"error_rate": "error-rate", "ttft_p95": "TTFT p95", "thumbs_down": "thumbs-down"}
+
+
 def validate_canary_steps(steps: Any) -> None:
     """A plan is a list of {"percent", "hold_s"}: percentages rising from 1 to a last step of 100."""
     if not isinstance(steps, list) or not steps:
@@ -136,6 +139,14 @@ class CanaryRollout(models.Model):
 
     def __str__(self) -> str:
         return f"canary {self.candidate_variant} vs {self.stable_variant} ({self.status})"
+
+    def rollback_reason_display(self) -> str:
+        """The rules an automatic rollback broke: "error_rate, ttft_p95" -> "the error-rate and
+        TTFT p95 rules"."""
+        names = [RULE_NAMES.get(rule, rule) for rule in self.rollback_reason.split(", ")]
+        if len(names) == 1:
+            return f"the {names[0]} rule"
+        return f"the {', '.join(names[:-1])} and {names[-1]} rules"
 
     # The plan continues from wherever the split stands, so a manual split change needs no
     # separate "paused" state: the next step is the first one above the split.

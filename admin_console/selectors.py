@@ -124,7 +124,7 @@ def dashboard() -> Dashboard:
         for variant in _variants(infos)
         for tier in keys.TIERS
     ]
-    buckets = timeseries.series_buckets(seconds=CHART_WINDOW_S, now=now)
+    buckets = timeseries.series_buckets(seconds=CHART_WINDOW_S + timeseries.BUCKET_S, now=now)
     live = [b for b in buckets if b.start > now - LIVE_WINDOW_S - timeseries.BUCKET_S]
     live_s = max(1.0, now - live[0].start)
     ttft = timeseries.merged_bins(b.ttft_bins for b in live)
@@ -148,7 +148,8 @@ def dashboard() -> Dashboard:
         itl_p95_ms=_rounded(timeseries.latency_percentile(itl, 0.95)),
         refusals_per_min=[(reason, round(n * 60 / live_s, 1)) for reason, n in refusals.most_common()],
         refusals_per_min_total=round(sum(refusals.values()) * 60 / live_s, 1),
-        charts=_charts(buckets),
+        # The current bucket is still filling: charts end with the last complete one.
+        charts=_charts(buckets[:-1]),
     )
 
 
@@ -216,7 +217,9 @@ def variant_stats(*, variant: str, since: datetime) -> VariantStats:
     return VariantStats(variant=variant, since=since, ttft_p95_ms=_p95(ttfts), **counts)
 
 
-def canary_comparison(*, rollout: CanaryRollout, now: datetime | None = None) -> tuple[VariantStats, VariantStats]:
+def canary_comparison(
+    *, rollout: CanaryRollout, now: datetime | None = None
+) -> tuple[VariantStats, VariantStats]:
     """(stable, candidate) over the rollout's window.
 
     The candidate counts only since the rollout began. Stable counts over the same window
@@ -277,7 +280,7 @@ def rule_checks(*, rollout: CanaryRollout, stable: VariantStats, candidate: Vari
             label="Time to first token, p95 (ms)",
             stable=stable.ttft_p95_ms,
             candidate=candidate.ttft_p95_ms,
-            limit=f"candidate at most {rollout.max_ttft_p95_ratio:g}× stable",
+            limit=f"candidate at most {rollout.max_ttft_p95_ratio:g} times stable",
             state=state(
                 answers_enough and ttft_known,
                 ttft_known and candidate.ttft_p95_ms > rollout.max_ttft_p95_ratio * stable.ttft_p95_ms,
@@ -337,6 +340,20 @@ def canary_overview() -> CanaryOverview:
         next_step_at=next_step_at,
         workers_by_variant=dict(sorted(workers.items())),
     )
+
+
+def canary_candidates() -> list[str]:
+    """Variants a canary may try: those live, undrained workers serve, other than stable."""
+    stable = CanaryRouting.load().stable_variant
+    return sorted({w.variant for w in live_workers() if not w.state.get("draining")} - {stable})
+
+
+def automatic_rollback_alert() -> CanaryRollout | None:
+    """The latest canary, when the evaluation rolled it back (until the next one starts)."""
+    last = CanaryRollout.objects.first()
+    if last is not None and last.status == CanaryRollout.Status.ROLLED_BACK and last.automatic:
+        return last
+    return None
 
 
 # --- rate limits and audit ------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
 from urllib.parse import urlencode, urlsplit
@@ -139,7 +140,14 @@ class Session:
             headers={"X-CSRFToken": self.csrf, "Accept": "application/json"},
         )
 
-    async def stream(self, path: str, *, timeout_s: float, on_open=None) -> StreamTrace:
+    async def stream(
+        self,
+        path: str,
+        *,
+        timeout_s: float,
+        on_open: Callable[[], None] | None = None,
+        on_first_status: Callable[[], None] | None = None,
+    ) -> StreamTrace:
         """Read an SSE stream on its own connection (as EventSource does) until it ends."""
         reader, writer = await asyncio.open_connection(self.host, self.port, limit=2**20)
         trace = StreamTrace(opened_at=time.perf_counter())
@@ -152,7 +160,7 @@ class Session:
             if on_open is not None:
                 on_open()
             async with asyncio.timeout(timeout_s):
-                await _read_events(reader, trace)
+                await _read_events(reader, trace, on_first_status)
         except TimeoutError:
             trace.outcome = "timeout"
         except (ConnectionError, asyncio.IncompleteReadError):
@@ -186,7 +194,9 @@ async def _chunks(reader: asyncio.StreamReader):
         yield chunk
 
 
-async def _read_events(reader: asyncio.StreamReader, trace: StreamTrace) -> None:
+async def _read_events(
+    reader: asyncio.StreamReader, trace: StreamTrace, on_first_status: Callable[[], None] | None
+) -> None:
     buffer = b""
     async for chunk in _chunks(reader):
         now = time.perf_counter()
@@ -206,6 +216,8 @@ async def _read_events(reader: asyncio.StreamReader, trace: StreamTrace) -> None
                 trace.token_times.append(now)
             elif event == "status" and trace.first_status_at is None:
                 trace.first_status_at = now
+                if on_first_status is not None:
+                    on_first_status()
             elif event in ("done", "error"):
                 payload = json.loads(data or b"{}")
                 trace.outcome = "done" if event == "done" else f"error:{payload.get('code')}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import random
 import tempfile
 import time
 from contextlib import contextmanager
@@ -15,10 +16,11 @@ import psutil
 import redis.asyncio as aioredis
 
 from bench.client import Session
-from bench.load import SessionPool, burst, fixed_concurrency, poisson
+from bench.load import SessionPool, fixed_concurrency, poisson
 from bench.stats import RequestResult, distribution, percentile, summarize
 from scheduler import keys
 from tests.e2e.stack import Stack
+from tests.processes import stop
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -182,21 +184,22 @@ def _median(values: list[float]) -> float:
 # --- 2. fan-out ------------------------------------------------------------------------------------
 
 
-def _delivery(traces: list) -> dict:
-    """Tokens delivered per second from the first token to the last, and ITL p99."""
+def _delivery(traces: list, started_at: float) -> dict:
+    """Tokens delivered per second from the moment every stream could start, and ITL p99."""
     times = [t for trace in traces for t in trace.token_times]
     itls = [b - a for trace in traces for a, b in zip(trace.token_times, trace.token_times[1:], strict=False)]
-    span = (max(times) - min(times)) if len(times) > 1 else float("nan")
     return {
         "streams": len(traces),
         "completed": sum(trace.outcome == "done" for trace in traces),
         "tokens": len(times),
-        "tokens_per_s": len(times) / span,
+        "tokens_per_s": len(times) / (max(times) - started_at) if times else 0.0,
         "itl_s": distribution(itls),
     }
 
 
 def fanout(*, streams: list[int], tokens: int) -> dict:
+    """Every stream is open before the first token flows, in both measurements, so the figure
+    is the delivery rate of N concurrent streams, not the rate at which they were opened."""
     env = {
         **UNLIMITED,
         "INFERENCE_ENGINE": "simulated",
@@ -207,42 +210,75 @@ def fanout(*, streams: list[int], tokens: int) -> dict:
         "SIMULATED_PREFILL_S_PER_TOKEN": "0",
         "SIMULATED_DECODE_BASE_S": "0",
         "SIMULATED_DECODE_PER_SEQ_S": "0",
+        "SSE_STATUS_INTERVAL_S": "100000",
         "BENCH_ENDPOINTS": "true",
     }
     table: dict[int, dict] = {}
-    with running(env) as stack:
+    with running(env, worker=False) as stack:
 
         async def bare(count: int) -> dict:
+            start_at = time.time() + 3 + count / 400  # time enough to open them all
             sessions = [Session(stack.base_url) for _ in range(count)]
             traces = await asyncio.gather(
-                *(s.stream(f"/bench/bare-sse?tokens={tokens}", timeout_s=600) for s in sessions)
+                *(
+                    s.stream(f"/bench/bare-sse?tokens={tokens}&start_at={start_at}", timeout_s=600)
+                    for s in sessions
+                )
             )
-            return _delivery(traces)
+            late = sum(t.first_status_at is None or t.first_status_at > start_at for t in traces)
+            if late:
+                print(f"  warning: {late} bare streams opened after the start signal", flush=True)
+            return _delivery(traces, started_at=time.perf_counter() - (time.time() - start_at))
 
         async def through_stack(count: int) -> dict:
             pool = SessionPool(stack.base_url)
             await pool.fill("normal", count)
-            results, _ = await burst(
-                pool,
-                requests=count,
-                tier="normal",
-                prompt=question,
-                timeout_s=600,
-                label=f"stack {count} streams",
+            paths = []
+            for start in range(0, count, 50):
+
+                async def submit() -> tuple[Session, str]:
+                    session = await pool.borrow("normal")
+                    conversation = await session.new_conversation()
+                    response = await session.post_message(conversation, "fan out")
+                    session.close()  # the stream opens its own connection
+                    return session, response.json()["stream_url"]
+
+                paths += await asyncio.gather(*(submit() for _ in range(min(50, count - start))))
+            statuses = 0
+            all_open = asyncio.Event()
+
+            def on_status() -> None:
+                nonlocal statuses
+                statuses += 1
+                if statuses == count:
+                    all_open.set()
+
+            tasks = [
+                asyncio.create_task(session.stream(path, timeout_s=600, on_first_status=on_status))
+                for session, path in paths
+            ]
+            await asyncio.wait(
+                [asyncio.create_task(all_open.wait()), *tasks], return_when=asyncio.FIRST_COMPLETED
             )
+            if not all_open.is_set():
+                raise RuntimeError(
+                    f"a stream ended before all were open: {[t.result() for t in tasks if t.done()]}"
+                )
+            # Every stream waits in the queue: now the worker starts and the tokens flow.
+            await asyncio.to_thread(stack.start_worker)
+            traces = await asyncio.gather(*tasks)
+            started_at = min(t.token_times[0] for t in traces if t.token_times)
             pool.close()
-
-            class Trace:  # the shape _delivery reads
-                def __init__(self, result: RequestResult) -> None:
-                    self.token_times = result.token_times
-                    self.outcome = result.outcome
-
-            return _delivery([Trace(r) for r in results])
+            return _delivery(traces, started_at=started_at)
 
         for count in streams:
             print(f"  {count} streams: bare endpoint...", flush=True)
             ceiling = asyncio.run(bare(count))
+            print(f"  {count} streams: through the stack...", flush=True)
             measured = asyncio.run(through_stack(count))
+            for worker in list(stack.workers):
+                stop(worker)
+                stack.workers.remove(worker)
             table[count] = {
                 "bare": ceiling,
                 "stack": measured,
@@ -250,7 +286,8 @@ def fanout(*, streams: list[int], tokens: int) -> dict:
             }
             print(
                 f"  {count} streams: bare {ceiling['tokens_per_s']:,.0f} tok/s, stack "
-                f"{measured['tokens_per_s']:,.0f} tok/s ({table[count]['ratio']:.0%})",
+                f"{measured['tokens_per_s']:,.0f} tok/s ({table[count]['ratio']:.0%}); ITL p99 bare "
+                f"{ceiling['itl_s']['p99'] * 1000:.0f} ms, stack {measured['itl_s']['p99'] * 1000:.0f} ms",
                 flush=True,
             )
     return {"tokens_per_stream": tokens, "table": table}
@@ -428,14 +465,12 @@ def scheduling(*, duration_s: float, overload: float, vip_share: float) -> dict:
     for mode, env in modes.items():
         with running(env) as stack:
 
-            async def main() -> tuple[list[RequestResult], float, list]:
+            async def main(label: str) -> tuple[list[RequestResult], float, list]:
                 pool = SessionPool(stack.base_url)
                 await pool.fill("vip", 200)
                 await pool.fill("normal", 400)
                 samples: list[tuple[float, dict[str, int]]] = []
                 sampler = asyncio.create_task(_queue_sampler(stack.redis.url, samples))
-                import random
-
                 rng = random.Random(11)
                 results, duration = await poisson(
                     pool,
@@ -444,13 +479,13 @@ def scheduling(*, duration_s: float, overload: float, vip_share: float) -> dict:
                     tier_of=lambda rng=rng: "vip" if rng.random() < vip_share else "normal",
                     prompt=question,
                     timeout_s=90,
-                    label=mode,
+                    label=label,
                 )
                 sampler.cancel()
                 pool.close()
                 return results, duration, samples
 
-            results, duration, samples = asyncio.run(main())
+            results, duration, samples = asyncio.run(main(mode))
             summary = summarize(results, duration_s=duration, ttft_slo_s=1.5, tpot_slo_s=0.2)
             summary["queue_depth"] = samples
             summary["ttft_samples"] = {

@@ -7,12 +7,15 @@ never silently ignored. Parameters that change nothing here (`user`, `metadata`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.http import JsonResponse
 
+from chat.models import BatchJob, BatchJobItem
 from scheduler.admission import AdmissionRefused
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -45,7 +48,7 @@ class ApiError(Exception):
         status: int,
         message: str,
         *,
-        type: str = "invalid_request_error",  # noqa: A002  (OpenAI's field name)
+        type: str = "invalid_request_error",  # OpenAI's field name
         code: str | None = None,
         param: str | None = None,
         retry_after_s: int | None = None,
@@ -99,7 +102,9 @@ def api_error_for_refusal(refusal: AdmissionRefused) -> ApiError:
 
 @dataclass(frozen=True, slots=True)
 class ChatRequest:
-    model: str
+    """A validated request. Its `model` is only checked: routing picks the variant that answers
+    (stable or canary), and responses name the one that did."""
+
     messages: list[dict[str, str]]
     max_tokens: int
     temperature: float
@@ -129,7 +134,11 @@ def _content_text(content: Any, param: str) -> str:
     if isinstance(content, list):
         texts = []
         for n, part in enumerate(content):
-            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+            if (
+                not isinstance(part, dict)
+                or part.get("type") != "text"
+                or not isinstance(part.get("text"), str)
+            ):
                 raise invalid("Only text content parts are supported.", f"{param}[{n}]")
             texts.append(part["text"])
         return "\n".join(texts)
@@ -149,7 +158,9 @@ def _messages(raw: Any, param: str) -> list[dict[str, str]]:
             raise invalid("Tools (function calling) are not supported.", f"{where}.role")
         if role not in ROLES:
             raise invalid(f"Unknown role {role!r}; use one of {', '.join(ROLES)}.", f"{where}.role")
-        messages.append({"role": ROLES[role], "content": _content_text(message.get("content"), f"{where}.content")})
+        messages.append(
+            {"role": ROLES[role], "content": _content_text(message.get("content"), f"{where}.content")}
+        )
     return messages
 
 
@@ -193,19 +204,19 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", allow_stream: bool 
     for name, unused in _UNSUPPORTED.items():
         if data.get(name) not in unused:
             raise invalid(f"`{name}` is not supported by this service.", param_prefix + name)
-    model = data.get("model")
-    if not isinstance(model, str) or not model:
+    if not isinstance(data.get("model"), str) or not data["model"]:
         raise invalid("`model` is required: one of the ids from GET /v1/models.", param_prefix + "model")
-    stream = data.get("stream", False)
+    stream = False if data.get("stream") is None else data["stream"]
     if not isinstance(stream, bool):
         raise invalid("`stream` must be a boolean.", param_prefix + "stream")
     if stream and not allow_stream:
         raise invalid("Requests in a job are answered whole: leave `stream` out.", param_prefix + "stream")
     stream_options = data.get("stream_options")
     if stream_options is not None and (not stream or not isinstance(stream_options, dict)):
-        raise invalid("`stream_options` is only allowed with `stream: true`.", param_prefix + "stream_options")
+        raise invalid(
+            "`stream_options` is only allowed with `stream: true`.", param_prefix + "stream_options"
+        )
     return ChatRequest(
-        model=model,
         messages=_messages(data.get("messages"), param_prefix + "messages"),
         max_tokens=_max_tokens(data, param_prefix),
         temperature=_bounded(data, "temperature", settings.GENERATION_TEMPERATURE, 0.0, 2.0, param_prefix),
@@ -294,3 +305,61 @@ def model_list(models: dict[str, str]) -> dict[str, Any]:
 def model_object(variant: str, engines: str) -> dict[str, Any]:
     # `created` is required by the SDKs; a variant has no creation time we could know.
     return {"id": variant, "object": "model", "created": 0, "owned_by": engines}
+
+
+# --- jobs -------------------------------------------------------------------------------------
+
+
+def job_requests_parse(data: Any) -> list[ChatRequest]:
+    """`{"requests": [chat completion request, ...]}`; raises ApiError(400)."""
+    limit = settings.BATCH_JOB_MAX_REQUESTS
+    requests = data.get("requests") if isinstance(data, dict) else None
+    if not isinstance(requests, list) or not 1 <= len(requests) <= limit:
+        raise invalid(f"`requests` must be a list of 1 to {limit} chat completion requests.", "requests")
+    return [
+        chat_request_parse(request, param_prefix=f"requests[{n}].", allow_stream=False)
+        for n, request in enumerate(requests)
+    ]
+
+
+def _timestamp(moment: datetime | None) -> int | None:
+    return int(moment.timestamp()) if moment is not None else None
+
+
+def _item_result(item: BatchJobItem) -> dict[str, Any]:
+    result: dict[str, Any] = {"index": item.index, "status": item.status, "response": None, "error": None}
+    if item.status == BatchJobItem.Status.COMPLETED:
+        result["response"] = completion_object(
+            request_id=str(item.request_id),
+            created=_timestamp(item.completed_at) or 0,
+            model=item.variant,
+            text=item.content,
+            finish_reason=item.finish_reason,
+            usage={"prompt_tokens": item.prompt_tokens, "completion_tokens": item.completion_tokens},
+        )
+    elif item.status == BatchJobItem.Status.FAILED:
+        result["error"] = {"code": item.error_code, "message": item.error_message}
+    elif item.status == BatchJobItem.Status.CANCELLED:
+        result["error"] = {
+            "code": "cancelled",
+            "message": "The job was cancelled before this request was answered.",
+        }
+    return result
+
+
+def job_object(
+    job: BatchJob, progress: dict[str, int], items: Iterable[BatchJobItem] | None = None
+) -> dict[str, Any]:
+    """The job as the API shows it; `results` (one per request, in order) when items are given."""
+    body: dict[str, Any] = {
+        "id": str(job.pk),
+        "object": "job",
+        "status": job.status,
+        "created_at": _timestamp(job.created_at),
+        "started_at": _timestamp(job.started_at),
+        "finished_at": _timestamp(job.finished_at),
+        "progress": progress,
+    }
+    if items is not None:
+        body["results"] = [_item_result(item) for item in items]
+    return body

@@ -95,6 +95,8 @@ STATIC_ROOT = VAR_DIR / "staticfiles"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
+# Connections per pool (each process has a sync pool and one async pool per event loop).
+REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 64)
 
 CHANNEL_LAYERS = {
     "default": {
@@ -129,6 +131,20 @@ GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
 SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
 SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 1.0)
 RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
+
+# --- OpenAI-compatible API and batch jobs ----------------------------------------------------
+# An API call whose client went away is cancelled after this long (0: at once). Unlike a
+# browser, code that dropped a connection does not come back to the same stream.
+API_DISCONNECT_GRACE_S = env_float("API_DISCONNECT_GRACE_S", 30.0)
+BATCH_JOB_MAX_REQUESTS = env_int("BATCH_JOB_MAX_REQUESTS", 1000)
+# Requests of one job in the scheduler at once: bounds what a job draws from the global rate
+# limit and the batch queue, so that jobs interleave and a cancel has little to recall.
+BATCH_JOB_MAX_IN_FLIGHT = env_int("BATCH_JOB_MAX_IN_FLIGHT", 16)
+# A Celery task feeds a job for one slice, then hands it to a fresh task; a task that dies
+# holds its job until the lease runs out, and the sweep (every BATCH_JOB_RESUME_S) restarts it.
+BATCH_JOB_SLICE_S = env_float("BATCH_JOB_SLICE_S", 60.0)
+BATCH_JOB_LEASE_S = env_float("BATCH_JOB_LEASE_S", 30.0)
+BATCH_JOB_RESUME_S = env_float("BATCH_JOB_RESUME_S", 15.0)
 
 # --- scheduling -----------------------------------------------------------------------------
 # Defaults for the tier policies, written to the database by its first migration; after that
@@ -202,6 +218,10 @@ METRICS_ALLOWED_NETWORKS = env_list("METRICS_ALLOWED_NETWORKS", ["127.0.0.1/32",
 WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)
 WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
 
+# --- console ----------------------------------------------------------------------------------
+# How often Celery beat evaluates a running canary's rollback rules and step plan.
+CANARY_EVALUATION_S = env_float("CANARY_EVALUATION_S", 30.0)
+
 # --- inference worker -----------------------------------------------------------------------
 INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "vllm")
 INFERENCE_MODEL = env_str("INFERENCE_MODEL", str(VAR_DIR / "models" / "SmolLM2-135M-Instruct"))
@@ -233,4 +253,11 @@ LOGGING = {
 
 CELERY_BEAT_SCHEDULE = {
     "purge-guest-conversations": {"task": "chat.tasks.purge_guest_conversations", "schedule": 3600.0},
+    # An evaluation that could not start within its period is skipped: the next one follows.
+    "canary-evaluate": {
+        "task": "admin_console.tasks.canary_evaluate",
+        "schedule": CANARY_EVALUATION_S,
+        "options": {"expires": CANARY_EVALUATION_S},
+    },
+    "resume-batch-jobs": {"task": "chat.tasks.jobs_resume", "schedule": BATCH_JOB_RESUME_S},
 }

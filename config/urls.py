@@ -7,12 +7,14 @@ from admin_console import health, metrics_view
 
 urlpatterns = [
     path("", include("chat.urls")),
+    path("v1/", include("chat.api_urls")),
     path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics_view.metrics, name="metrics"),
     path("admin/", admin.site.urls),
+    path("console/", include("admin_console.urls")),
 ]
 
 if settings.BENCH_ENDPOINTS:

@@ -118,13 +118,7 @@ def series_init(variant: str) -> None:
     for tier in keys.TIERS:
         for outcome in OUTCOMES:
             GENERATIONS.labels(variant, tier, outcome)
-        for histogram in (
-            QUEUE_WAIT,
-            TIME_TO_FIRST_TOKEN,
-            INTER_TOKEN_LATENCY,
-            END_TO_END_LATENCY,
-            OUTPUT_TOKENS,
-        ):
+        for histogram in _HISTOGRAMS:
             histogram.labels(variant, tier)
     JOBS_RECLAIMED.labels(variant)
     JOBS_DEAD_LETTERED.labels(variant)

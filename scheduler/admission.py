@@ -101,7 +101,9 @@ def request_submit(
             client_address=client_address,
         )
     except AdmissionRefused as refusal:
-        timeseries.refusal_record(reason=refusal.reason)
+        # Redis just failed this request: counting the refusal there would only wait again.
+        if refusal.reason != "scheduler_unavailable":
+            timeseries.refusal_record(reason=refusal.reason)
         metrics.admission_record(tier=tier, status=refusal.status, reason=refusal.reason)
         raise
     metrics.admission_record(tier=tier)

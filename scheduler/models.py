@@ -72,11 +72,17 @@ class CanaryRouting(models.Model):
 
     class Meta:
         constraints = [
-            models.CheckConstraint(condition=models.Q(split_percent__lte=100), name="canary_split_at_most_100")
+            models.CheckConstraint(
+                condition=models.Q(split_percent__lte=100), name="canary_split_at_most_100"
+            )
         ]
 
     def __str__(self) -> str:
         return f"{self.split_percent}% {self.candidate_variant or '-'}, rest {self.stable_variant}"
+
+    @property
+    def stable_percent(self) -> int:
+        return 100 - self.split_percent if self.candidate_variant else 100
 
     @classmethod
     def load(cls) -> CanaryRouting:

@@ -27,12 +27,16 @@ def _client_options() -> dict:
 
 @cache
 def sync_redis() -> redis.Redis:
-    return redis.Redis.from_url(
+    # Under ASGI each request's sync code runs in a thread of its own, so a burst of requests
+    # asks for many connections at once: they wait for one (bounded) instead of failing.
+    pool = redis.BlockingConnectionPool.from_url(
         settings.REDIS_URL,
-        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
+        max_connections=settings.REDIS_MAX_CONNECTIONS,
+        timeout=10,
         socket_timeout=5,
         **_client_options(),
     )
+    return redis.Redis(connection_pool=pool, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2))
 
 
 _async_clients: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
@@ -52,11 +56,13 @@ def new_async_redis(*, single_connection: bool = False) -> aioredis.Redis:
     """A private async client, e.g. for a blocking read that must not hold a pooled connection."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
-    return aioredis.Redis.from_url(
-        settings.REDIS_URL,
+    pool = aioredis.BlockingConnectionPool.from_url(
+        settings.REDIS_URL, max_connections=settings.REDIS_MAX_CONNECTIONS, timeout=10, **_client_options()
+    )
+    return aioredis.Redis(
+        connection_pool=pool,
         retry=AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
         single_connection_client=single_connection,
-        **_client_options(),
     )
 
 

@@ -14,6 +14,8 @@ import hashlib
 import time
 from dataclasses import dataclass
 
+import redis
+
 from scheduler import keys
 from scheduler.models import CanaryRouting
 from scheduler.redis import sync_redis
@@ -53,19 +55,24 @@ def canary_mirror() -> CanarySplit:
 
 
 def canary_split() -> CanarySplit:
-    """The split as routing applies it (from the mirror, rebuilt from the database if lost)."""
+    """The split as routing applies it: from the mirror, rebuilt from the database when Redis
+    lost it, read from the database while Redis is unreachable (admission then refuses anyway,
+    with its own clear outcome)."""
     if _cache and time.monotonic() - _cache[0][0] < CACHE_S:
         return _cache[0][1]
-    values = sync_redis().hgetall(keys.CANARY)
-    if values:
-        split = CanarySplit(
-            stable_variant=values["stable_variant"],
-            candidate_variant=values["candidate_variant"],
-            split_percent=int(values["split_percent"]),
-            salt=values["salt"],
-        )
-    else:
-        split = canary_mirror()
+    try:
+        values = sync_redis().hgetall(keys.CANARY)
+        if values:
+            split = CanarySplit(
+                stable_variant=values["stable_variant"],
+                candidate_variant=values["candidate_variant"],
+                split_percent=int(values["split_percent"]),
+                salt=values["salt"],
+            )
+        else:
+            split = canary_mirror()
+    except (redis.ConnectionError, redis.TimeoutError):
+        split = CanarySplit.from_routing(CanaryRouting.load())
     _cache[:] = [(time.monotonic(), split)]
     return split
 
@@ -78,7 +85,7 @@ def conversation_bucket(*, conversation_id: str, salt: str) -> int:
 
 def variant_for(*, conversation_id: str) -> str:
     split = canary_split()
-    if split.candidate_variant and split.split_percent > 0:
-        if conversation_bucket(conversation_id=conversation_id, salt=split.salt) < split.split_percent:
-            return split.candidate_variant
-    return split.stable_variant
+    if not split.candidate_variant:
+        return split.stable_variant
+    bucket = conversation_bucket(conversation_id=conversation_id, salt=split.salt)
+    return split.candidate_variant if bucket < split.split_percent else split.stable_variant

@@ -94,7 +94,11 @@ async def answer_record(
 
 async def queue_depth_record(client: aioredis.Redis, *, variant: str) -> None:
     """Sample the variant's queue depth per tier into the current bucket (last sample wins)."""
-    counters = [key for tier in keys.TIERS for key in (keys.enqueue_seq(variant, tier), keys.claimed_seq(variant, tier))]
+    counters = [
+        key
+        for tier in keys.TIERS
+        for key in (keys.enqueue_seq(variant, tier), keys.claimed_seq(variant, tier))
+    ]
     key = keys.series_bucket(bucket_start(time.time()))
     try:
         values = await client.mget(counters)

@@ -114,6 +114,8 @@ def main() -> None:
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    # The one worker serves its metrics here (the web's are at /metrics on PORT).
+    env.setdefault("WORKER_METRICS_PORT", "9464")
     children: list[tuple[str, subprocess.Popen]] = []
     redis_process = private_redis(env)
     if redis_process is not None:

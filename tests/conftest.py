@@ -2,7 +2,7 @@ import logging
 
 import pytest
 
-from scheduler import policy
+from scheduler import policy, routing
 from scheduler.redis import sync_redis
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -13,4 +13,5 @@ def _empty_redis():
     """Each test starts with an empty private Redis (never the machine's shared one)."""
     sync_redis().flushdb()
     policy._cache.clear()
+    routing._cache.clear()
     yield

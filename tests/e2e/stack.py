@@ -1,15 +1,19 @@
-"""The product's real processes for end-to-end tests: redis, daphne and inference workers."""
+"""The product's real processes for end-to-end tests: redis, daphne, inference workers and,
+for the tests that need them, Celery workers."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import httpx
 
-from tests.processes import RedisServer, child_env, daphne, free_port, manage, stop
+from tests.processes import ROOT, RedisServer, child_env, daphne, free_port, manage, stop
 
 
 class Stack:
@@ -21,6 +25,7 @@ class Stack:
         self.settings_env = settings_env
         self.web: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
+        self.celery_workers: list[subprocess.Popen] = []
 
     @property
     def base_url(self) -> str:
@@ -66,7 +71,48 @@ class Stack:
     def kill_worker(self, worker: subprocess.Popen) -> None:
         stop(worker, signal.SIGKILL)
 
+    def start_celery(self, *, beat: bool = True, timeout_s: float = 60.0) -> subprocess.Popen:
+        """A Celery worker (threads pool), with beat for the periodic tasks unless told not to."""
+        log_path = self.workdir / f"celery-{len(list(self.workdir.glob('celery-*.log')))}.log"
+        command = [
+            sys.executable, "-m", "celery", "-A", "config", "worker",
+            "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
+            "--without-heartbeat", "--without-mingle", "--without-gossip",
+        ]  # fmt: skip
+        if beat:
+            command += ["--beat", "--schedule", str(self.workdir / "celerybeat-schedule")]
+        with open(log_path, "ab") as log:
+            # Its own process group: killing it takes beat's child process along.
+            celery = subprocess.Popen(
+                command, env=self.env, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        self.celery_workers.append(celery)
+        deadline = time.monotonic() + timeout_s
+        while b" ready." not in log_path.read_bytes():
+            if celery.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the Celery worker did not start; see {log_path}")
+            time.sleep(0.1)
+        return celery
+
+    def kill_celery(self, celery: subprocess.Popen) -> None:
+        """A crash: the worker and its beat die at once, without handing anything on."""
+        os.killpg(celery.pid, signal.SIGKILL)
+        celery.wait()
+        self.celery_workers.remove(celery)
+
+    def create_api_key(self, username: str, *, tier: str = "") -> str:
+        """Issue an API key with `manage.py apikey create`; returns the key."""
+        command = ["apikey", "create", "--user", username, *(["--tier", tier] if tier else [])]
+        process = manage(*command, env=self.env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        out, _ = process.communicate()
+        assert process.returncode == 0, "manage.py apikey create failed"
+        return out.decode().strip()
+
     def stop(self) -> None:
+        for celery in self.celery_workers:
+            stop(celery)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(celery.pid, signal.SIGKILL)  # whatever of its group outlived it
         for worker in self.workers:
             stop(worker)
         if self.web is not None:

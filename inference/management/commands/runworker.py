@@ -14,6 +14,7 @@ from channels.worker import Worker
 from django.core.management import CommandError
 
 from inference.engines.base import EngineDeadError
+from inference.metrics import worker_exporter_start
 from inference.worker import InferenceWorker
 
 
@@ -21,6 +22,7 @@ class InferenceServer(Worker):
     async def handle(self) -> None:
         if self.channels != ["inference"]:
             raise CommandError("This project's only worker channel is `inference`.")
+        worker_exporter_start()
         worker = InferenceWorker.from_settings()
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -1,0 +1,117 @@
+"""Forms of the console: they parse and validate; the services make the change."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from django import forms
+from django.core.exceptions import ValidationError
+
+from admin_console.models import CanaryRollout, validate_canary_steps
+from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS
+from scheduler.models import TierPolicy
+
+
+class TierPolicyForm(forms.ModelForm):
+    class Meta:
+        model = TierPolicy
+        fields = POLICY_FIELDS
+        labels = {
+            "bucket_capacity": "Burst per client",
+            "refill_per_s": "Refill per client (messages/s)",
+            "tier_bucket_capacity": "Burst for the tier",
+            "tier_refill_per_s": "Refill for the tier (messages/s)",
+            "max_concurrent_per_user": "Unfinished answers per client",
+            "max_queued": "Queue bound",
+            "wait_slo_s": "Longest predicted wait admitted (s)",
+            "max_wait_s": "Expiry of a queued request (s)",
+        }
+
+
+def _whole_numbers(text: str, what: str) -> list[int]:
+    """ "5, 20, 50, 100" or "5 → 20 → 50 → 100" -> [5, 20, 50, 100]."""
+    parts = [part for part in re.split(r"[\s,;→>]+", text) if part]
+    try:
+        return [int(part) for part in parts]
+    except ValueError as exc:
+        raise ValidationError(f"{what}: whole numbers separated by commas, e.g. 5, 20, 50, 100.") from exc
+
+
+class CanaryStartForm(forms.ModelForm):
+    """The candidate, the step plan and the rollback rules. Never saved directly: the view hands
+    cleaned_data to services.canary_start."""
+
+    candidate_variant = forms.ChoiceField(
+        label="Candidate variant", help_text="Variants that live workers serve, other than stable."
+    )
+    step_percents = forms.CharField(
+        label="Steps (% of new conversations)",
+        initial="5, 20, 50, 100",
+        help_text="Rising percentages ending at 100; after the last step's hold the candidate is promoted.",
+    )
+    hold_seconds = forms.CharField(
+        label="Hold per step (seconds)",
+        initial="300",
+        help_text="One value for every step, or one per step.",
+    )
+
+    class Meta:
+        model = CanaryRollout
+        fields = CANARY_RULE_FIELDS
+        labels = {
+            "max_error_rate_increase_points": "Error rate: candidate at most + points",
+            "max_ttft_p95_ratio": "TTFT p95: candidate at most this many times stable",
+            "max_thumbs_down_increase_points": "Thumbs down: candidate at most + points",
+            "min_answers": "Answers needed per variant",
+            "min_votes": "Votes needed per variant",
+            "window_s": "Comparison window (seconds)",
+        }
+
+    PLAN_FIELDS = ("candidate_variant", "step_percents", "hold_seconds")
+
+    def __init__(self, *args: Any, candidates: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["candidate_variant"].choices = [(variant, variant) for variant in candidates]
+
+    def plan_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in self.PLAN_FIELDS]
+
+    def rule_fields(self) -> list[forms.BoundField]:
+        return [self[name] for name in CANARY_RULE_FIELDS]
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean()
+        if "step_percents" not in cleaned or "hold_seconds" not in cleaned:
+            return cleaned
+        try:
+            percents = _whole_numbers(cleaned["step_percents"], "Steps")
+        except ValidationError as exc:
+            self.add_error("step_percents", exc)
+            return cleaned
+        try:
+            holds = _whole_numbers(cleaned["hold_seconds"], "Hold")
+            if len(holds) == 1:
+                holds *= len(percents)
+            if len(holds) != len(percents):
+                raise ValidationError("Give one hold for every step, or a single one for all steps.")
+        except ValidationError as exc:
+            self.add_error("hold_seconds", exc)
+            return cleaned
+        steps = [{"percent": p, "hold_s": h} for p, h in zip(percents, holds, strict=True)]
+        try:
+            validate_canary_steps(steps)
+        except ValidationError as exc:
+            self.add_error("step_percents", exc)
+            return cleaned
+        cleaned["steps"] = steps
+        return cleaned
+
+    def rules(self) -> dict[str, Any]:
+        return {name: self.cleaned_data[name] for name in CANARY_RULE_FIELDS}
+
+
+class CanarySplitForm(forms.Form):
+    split_percent = forms.IntegerField(
+        label="Split (% of new conversations to the candidate)", min_value=0, max_value=100
+    )

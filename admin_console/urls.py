@@ -1,0 +1,21 @@
+from django.urls import path
+
+from admin_console import views
+from admin_console.api_keys import api_key_urlpatterns
+
+app_name = "console"
+
+urlpatterns = [
+    path("", views.dashboard, name="dashboard"),
+    path("live", views.dashboard_live, name="dashboard_live"),
+    path("workers/<str:worker_id>/drain", views.worker_drain, name="worker_drain"),
+    path("limits", views.limits, name="limits"),
+    path("limits/<str:tier>", views.limit_update, name="limit_update"),
+    path("canary", views.canary, name="canary"),
+    path("canary/start", views.canary_start, name="canary_start"),
+    path("canary/split", views.canary_split, name="canary_split"),
+    path("canary/promote", views.canary_promote, name="canary_promote"),
+    path("canary/rollback", views.canary_rollback, name="canary_rollback"),
+    path("audit", views.audit_log, name="audit"),
+    *api_key_urlpatterns,
+]

@@ -1,0 +1,177 @@
+"""The OpenAI-compatible API under /v1/: models, chat completions (whole or streamed), batch jobs.
+
+Callers are code, not browsers: a Bearer API key authenticates every call, there is no session
+and no CSRF. Views parse, authenticate, call one service and answer in OpenAI's shapes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+from uuid import UUID
+
+from asgiref.sync import sync_to_async
+from django.core.exceptions import RequestDataTooBig
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
+
+from chat import api_keys, completions, jobs
+from chat.models import ApiKey, BatchJob
+from chat.openai_shapes import (
+    ApiError,
+    ChatRequest,
+    api_error_for_refusal,
+    chat_request_parse,
+    invalid,
+    job_object,
+    job_requests_parse,
+    model_list,
+    model_object,
+)
+from chat.sse import SSE_HEADERS
+from scheduler.admission import AdmissionRefused
+from scheduler.workers import live_workers
+
+View = Callable[..., Any]
+
+
+def api_view(method: str) -> Callable[[View], View]:
+    """CSRF-exempt (bearer auth), one HTTP method, and ApiError answered in OpenAI's shape."""
+
+    def not_allowed() -> HttpResponse:
+        response = ApiError(405, f"Use {method} for this endpoint.").response()
+        response["Allow"] = method
+        return response
+
+    def decorate(view: View) -> View:
+        if asyncio.iscoroutinefunction(view):
+
+            @wraps(view)
+            async def async_wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+                if request.method != method:
+                    return not_allowed()
+                try:
+                    return await view(request, *args, **kwargs)
+                except ApiError as exc:
+                    return exc.response()
+
+            return csrf_exempt(async_wrapper)
+
+        @wraps(view)
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if request.method != method:
+                return not_allowed()
+            try:
+                return view(request, *args, **kwargs)
+            except ApiError as exc:
+                return exc.response()
+
+        return csrf_exempt(wrapper)
+
+    return decorate
+
+
+def _authenticated(request: HttpRequest) -> ApiKey:
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise ApiError(
+            401,
+            "You didn't provide an API key. Send it in the header `Authorization: Bearer sk-...`.",
+            code="invalid_api_key",
+        )
+    try:
+        return api_keys.api_key_authenticate(plaintext=token.strip())
+    except api_keys.ApiKeyInvalid as exc:
+        raise ApiError(401, str(exc), code="invalid_api_key") from exc
+
+
+def _json_body(request: HttpRequest) -> Any:
+    try:
+        return json.loads(request.body)
+    except RequestDataTooBig:
+        raise invalid("The request body is too large.") from None
+    except ValueError:
+        raise invalid("The request body is not valid JSON.") from None
+
+
+def _live_models() -> dict[str, str]:
+    """Variant -> the engines serving it, for variants with a live worker that is not draining."""
+    engines: dict[str, set[str]] = {}
+    for worker in live_workers():
+        if not worker.state.get("draining"):
+            engines.setdefault(worker.variant, set()).add(worker.engine)
+    return {variant: ", ".join(sorted(labels)) for variant, labels in sorted(engines.items())}
+
+
+@api_view("GET")
+def models(request: HttpRequest) -> HttpResponse:
+    _authenticated(request)
+    return JsonResponse(model_list(_live_models()))
+
+
+@api_view("GET")
+def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
+    _authenticated(request)
+    live = _live_models()
+    if model_id not in live:
+        raise ApiError(
+            404, f"The model {model_id!r} has no live worker.", code="model_not_found", param="model"
+        )
+    return JsonResponse(model_object(model_id, live[model_id]))
+
+
+def _completion_admit(request: HttpRequest) -> tuple[ChatRequest, completions.SubmittedCompletion]:
+    """Authenticate, validate and submit: everything synchronous, in one trip to a thread."""
+    api_key = _authenticated(request)
+    chat_request = chat_request_parse(_json_body(request))
+    try:
+        return chat_request, completions.completion_submit(api_key=api_key, request=chat_request)
+    except AdmissionRefused as refusal:
+        raise api_error_for_refusal(refusal) from None
+
+
+@api_view("POST")
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    chat_request, submitted = await sync_to_async(_completion_admit)(request)
+    if chat_request.stream:
+        return StreamingHttpResponse(
+            completions.completion_stream(submitted, include_usage=chat_request.include_usage),
+            content_type="text/event-stream",
+            headers=SSE_HEADERS,
+        )
+    return JsonResponse(await completions.completion_collect(submitted))
+
+
+def _owned_job(request: HttpRequest, job_id: UUID) -> BatchJob:
+    api_key = _authenticated(request)
+    try:
+        return jobs.job_get(job_id=job_id, owner=api_key.owner)
+    except BatchJob.DoesNotExist:
+        raise ApiError(404, f"No job with id {job_id}.", code="job_not_found") from None
+
+
+@api_view("POST")
+def job_create(request: HttpRequest) -> HttpResponse:
+    api_key = _authenticated(request)
+    job = jobs.job_create(api_key=api_key, requests=job_requests_parse(_json_body(request)))
+    response = JsonResponse(job_object(job, jobs.job_progress(job=job)), status=202)
+    response["Location"] = reverse("api:job", args=[job.pk])
+    return response
+
+
+@api_view("GET")
+def job_detail(request: HttpRequest, job_id: UUID) -> HttpResponse:
+    job = _owned_job(request, job_id)
+    return JsonResponse(job_object(job, jobs.job_progress(job=job), jobs.job_items(job=job)))
+
+
+@api_view("POST")
+def job_cancel(request: HttpRequest, job_id: UUID) -> HttpResponse:
+    job = _owned_job(request, job_id)
+    if not jobs.job_cancel(job=job) and job.status == BatchJob.Status.COMPLETED:
+        raise ApiError(409, "This job has already completed.", code="job_completed")
+    return JsonResponse(job_object(job, jobs.job_progress(job=job)))

@@ -1,0 +1,334 @@
+"""Batch jobs: chat requests submitted together and answered in the scheduler's `batch` tier,
+fed by Celery tasks, their results stored as they arrive and polled through the API.
+
+A task holds its job under a lease in the database. It submits a few requests at a time
+(`BATCH_JOB_MAX_IN_FLIGHT`), waits out a 429/503 for its Retry-After, follows the result
+streams of what it submitted with one blocking XREAD, and stores each answer as it ends. After
+one slice of time it hands the job to a fresh task, so tasks stay short and a worker's warm
+shutdown does not wait for a whole job. A task that dies leaves its lease to run out; the
+periodic sweep then starts another, which re-follows the submitted requests from the start of
+their result streams. A request's id is stored before the request is submitted, so a task
+that died between the two is found out (the request has a result stream) and nothing is asked
+twice.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from functools import partial
+from typing import Any
+from uuid import UUID
+
+import redis
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Count, Q, QuerySet, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from chat.models import ApiKey, BatchJob, BatchJobItem, User
+from chat.openai_shapes import ChatRequest
+from config.celery import app as celery_app
+from scheduler import control, keys
+from scheduler.admission import AdmissionRefused, request_submit
+from scheduler.redis import sync_redis
+from scheduler.routing import variant_for
+
+logger = logging.getLogger(__name__)
+
+TIER = "batch"
+ACTIVE = (BatchJob.Status.QUEUED, BatchJob.Status.RUNNING)
+UNFINISHED = (BatchJobItem.Status.PENDING, BatchJobItem.Status.SUBMITTED)
+# Named rather than imported: chat.tasks imports this module.
+JOB_RUN_TASK = "chat.tasks.job_run"
+READ_BLOCK_S = 1.0  # bounds how late a shutdown is noticed; below the Redis client's socket timeout
+REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+# A full queue's Retry-After is its whole predicted drain time, but room for the next request
+# opens as soon as a worker claims one: look again after this at the latest.
+MAX_SUBMIT_BACKOFF_S = 30.0
+
+
+def _lease() -> timedelta:
+    return timedelta(seconds=settings.BATCH_JOB_LEASE_S)
+
+
+def _dispatch(job_id: UUID) -> None:
+    celery_app.send_task(JOB_RUN_TASK, args=[str(job_id)])
+
+
+# --- writes -----------------------------------------------------------------------------------
+
+
+def job_create(*, api_key: ApiKey, requests: list[ChatRequest]) -> BatchJob:
+    """Store the job and its requests; a Celery task starts feeding it once this commits."""
+    with transaction.atomic():
+        # The lease keeps the sweep from starting a second task while the first is on its way.
+        job = BatchJob.objects.create(
+            owner=api_key.owner, api_key=api_key, lease_expires_at=timezone.now() + _lease()
+        )
+        BatchJobItem.objects.bulk_create(
+            BatchJobItem(job=job, index=n, request=request.generation_params())
+            for n, request in enumerate(requests)
+        )
+        transaction.on_commit(partial(_dispatch, job.pk))
+    return job
+
+
+def job_cancel(*, job: BatchJob) -> bool:
+    """Stop the job now: unanswered requests are cancelled (those in the scheduler too), answers
+    already stored stay. False when the job had already ended."""
+    now = timezone.now()
+    with transaction.atomic():
+        ended = BatchJob.objects.filter(pk=job.pk, status__in=ACTIVE).update(
+            status=BatchJob.Status.CANCELLED, finished_at=now, runner="", lease_expires_at=None
+        )
+        if not ended:
+            return False
+        unfinished = job.items.filter(status__in=UNFINISHED)
+        request_ids = [
+            str(rid) for rid in unfinished.exclude(request_id=None).values_list("request_id", flat=True)
+        ]
+        unfinished.update(status=BatchJobItem.Status.CANCELLED, completed_at=now)
+    # A request still queued is skipped when a worker claims it; a running one is aborted.
+    for request_id in request_ids:
+        control.request_cancel(request_id=request_id)
+    job.refresh_from_db()
+    return True
+
+
+def _lease_take(job_id: UUID, runner: str) -> bool:
+    now = timezone.now()
+    return (
+        BatchJob.objects.filter(
+            Q(runner="") | Q(lease_expires_at__lt=now), pk=job_id, status__in=ACTIVE
+        ).update(
+            runner=runner,
+            lease_expires_at=now + _lease(),
+            status=BatchJob.Status.RUNNING,
+            started_at=Coalesce("started_at", Value(now)),
+        )
+        == 1
+    )
+
+
+def _lease_renew(job_id: UUID, runner: str) -> bool:
+    """False when the job was cancelled, or another task took it over."""
+    return (
+        BatchJob.objects.filter(pk=job_id, runner=runner, status__in=ACTIVE).update(
+            lease_expires_at=timezone.now() + _lease()
+        )
+        == 1
+    )
+
+
+def _lease_hand_over(job_id: UUID, runner: str) -> None:
+    """Free the job for the next task at once; the lease still holds the sweep off meanwhile."""
+    BatchJob.objects.filter(pk=job_id, runner=runner).update(
+        runner="", lease_expires_at=timezone.now() + _lease()
+    )
+
+
+def _job_complete(job_id: UUID, runner: str) -> None:
+    BatchJob.objects.filter(pk=job_id, runner=runner, status=BatchJob.Status.RUNNING).update(
+        status=BatchJob.Status.COMPLETED, finished_at=timezone.now(), runner="", lease_expires_at=None
+    )
+
+
+def _item_reserve(item: BatchJobItem) -> bool:
+    request_id = uuid.uuid4()
+    variant = variant_for(conversation_id=str(request_id))
+    reserved = BatchJobItem.objects.filter(
+        pk=item.pk, status=BatchJobItem.Status.PENDING, request_id__isnull=True
+    ).update(request_id=request_id, variant=variant)
+    item.request_id, item.variant = request_id, variant
+    return reserved == 1
+
+
+def _item_mark_submitted(item: BatchJobItem) -> bool:
+    return (
+        BatchJobItem.objects.filter(pk=item.pk, status=BatchJobItem.Status.PENDING).update(
+            status=BatchJobItem.Status.SUBMITTED, submitted_at=timezone.now()
+        )
+        == 1
+    )
+
+
+def _item_finish(item_id: int, **result: Any) -> None:
+    # Only a submitted item: a cancelled job's items stay cancelled.
+    BatchJobItem.objects.filter(pk=item_id, status=BatchJobItem.Status.SUBMITTED).update(
+        completed_at=timezone.now(), **result
+    )
+
+
+# --- feeding ------------------------------------------------------------------------------------
+
+
+@dataclass(eq=False)
+class _Followed:
+    item_id: int
+    stream: str
+    cursor: str = "0-0"  # from the start: a resumed task replays what it did not see
+    parts: list[str] = field(default_factory=list)
+
+
+class _JobFeeder:
+    def __init__(self, job_id: UUID, runner: str) -> None:
+        self.job_id = job_id
+        self.runner = runner
+        self.client_id = f"job:{job_id}"
+        self.redis = sync_redis()
+        self.items = BatchJobItem.objects.filter(job_id=job_id)
+        self.followed: dict[str, _Followed] = {}  # by result stream key
+        self.submit_after = 0.0  # monotonic time until which admission asked us to wait
+        self.renewed_at = time.monotonic()
+
+    def run(self, *, deadline: float, stop_requested: Callable[[], bool]) -> bool:
+        """Feed until the job ends (False) or the slice is over (True: hand it on)."""
+        for item in self.items.filter(status=BatchJobItem.Status.SUBMITTED):
+            self._follow(item)
+        while True:
+            if time.monotonic() - self.renewed_at >= settings.BATCH_JOB_LEASE_S / 3:
+                if not _lease_renew(self.job_id, self.runner):
+                    return False
+                self.renewed_at = time.monotonic()
+            try:
+                self._submit_more()
+                if not self.followed and not self.items.filter(status=BatchJobItem.Status.PENDING).exists():
+                    _job_complete(self.job_id, self.runner)
+                    return False
+                if time.monotonic() >= deadline or stop_requested():
+                    _lease_hand_over(self.job_id, self.runner)
+                    return True
+                self._read_results(block_s=max(0.001, min(READ_BLOCK_S, deadline - time.monotonic())))
+            except REDIS_ERRORS as exc:
+                logger.warning("job %s: Redis unavailable (%s); retrying", self.job_id, exc)
+                time.sleep(1.0)
+
+    def _follow(self, item: BatchJobItem) -> None:
+        stream = keys.result(item.variant, str(item.request_id))
+        self.followed[stream] = _Followed(item_id=item.pk, stream=stream)
+
+    def _submit_more(self) -> None:
+        room = settings.BATCH_JOB_MAX_IN_FLIGHT - len(self.followed)
+        if room <= 0 or time.monotonic() < self.submit_after:
+            return
+        for item in self.items.filter(status=BatchJobItem.Status.PENDING).order_by("index")[:room]:
+            try:
+                submitted = self._submit(item)
+            except AdmissionRefused as refusal:
+                logger.info(
+                    "job %s: %s; next submission in %ds", self.job_id, refusal.reason, refusal.retry_after_s
+                )
+                self.submit_after = time.monotonic() + min(refusal.retry_after_s, MAX_SUBMIT_BACKOFF_S)
+                return
+            if submitted:
+                self._follow(item)
+
+    def _submit(self, item: BatchJobItem) -> bool:
+        """Submit one item; False when it is no longer pending (its job was cancelled)."""
+        if item.request_id is None:
+            if not _item_reserve(item):
+                return False
+        elif self.redis.exists(keys.result(item.variant, str(item.request_id))):
+            # Submitted by a task that died before it could record so.
+            return _item_mark_submitted(item)
+        request_submit(
+            request_id=str(item.request_id),
+            client_id=self.client_id,
+            tier=TIER,
+            variant=item.variant,
+            payload=item.request,
+        )
+        if not _item_mark_submitted(item):
+            control.request_cancel(request_id=str(item.request_id))
+            return False
+        return True
+
+    def _read_results(self, block_s: float) -> None:
+        if not self.followed:
+            time.sleep(min(block_s, max(0.05, self.submit_after - time.monotonic())))
+            return
+        streams = {stream: followed.cursor for stream, followed in self.followed.items()}
+        # BLOCK 0 would wait forever: at least a millisecond.
+        for stream, entries in self.redis.xread(streams, count=512, block=max(1, int(block_s * 1000))) or []:
+            followed = self.followed[stream]
+            for entry_id, fields in entries:
+                followed.cursor = entry_id
+                if self._apply(followed, fields["type"], json.loads(fields["data"])):
+                    del self.followed[stream]
+                    break
+
+    def _apply(self, followed: _Followed, kind: str, data: dict[str, Any]) -> bool:
+        """Take one result event; True when the item's answer has ended and is stored."""
+        if kind == "token":
+            followed.parts.append(data["text"])
+        elif kind == "reset":
+            followed.parts.clear()  # a worker died; the answer restarts from scratch
+        elif kind == "done":
+            usage = data.get("usage") or {}
+            cancelled = data["finish_reason"] == "cancelled"
+            _item_finish(
+                followed.item_id,
+                status=BatchJobItem.Status.CANCELLED if cancelled else BatchJobItem.Status.COMPLETED,
+                content="".join(followed.parts),
+                finish_reason=data["finish_reason"],
+                prompt_tokens=usage.get("prompt_tokens"),
+                completion_tokens=usage.get("completion_tokens"),
+            )
+        elif kind == "error":
+            _item_finish(
+                followed.item_id,
+                status=BatchJobItem.Status.FAILED,
+                content="".join(followed.parts),
+                error_code=data["code"],
+                error_message=data["message"],
+            )
+        return kind in {"done", "error"}
+
+
+def job_feed(*, job_id: UUID, budget_s: float, stop_requested: Callable[[], bool] = lambda: False) -> bool:
+    """Feed the job for up to `budget_s`. True when it needs another slice; False when it
+    ended, was cancelled, or another task holds it."""
+    runner = uuid.uuid4().hex
+    if not _lease_take(job_id, runner):
+        return False
+    feeder = _JobFeeder(job_id, runner)
+    try:
+        return feeder.run(deadline=time.monotonic() + budget_s, stop_requested=stop_requested)
+    except BaseException:
+        _lease_hand_over(job_id, runner)  # the sweep's next task retries it
+        raise
+
+
+# --- reads --------------------------------------------------------------------------------------
+
+
+def job_get(*, job_id: UUID, owner: User) -> BatchJob:
+    """Raises BatchJob.DoesNotExist for unknown ids and for other owners' jobs."""
+    return BatchJob.objects.get(pk=job_id, owner=owner)
+
+
+def job_progress(*, job: BatchJob) -> dict[str, int]:
+    counts = dict(job.items.values_list("status").annotate(n=Count("pk")).order_by())
+    progress = {status: counts.get(status, 0) for status in BatchJobItem.Status.values}
+    return {"total": sum(progress.values()), **progress}
+
+
+def job_items(*, job: BatchJob) -> QuerySet[BatchJobItem]:
+    return job.items.order_by("index")
+
+
+def job_ids_stalled() -> list[UUID]:
+    """Unfinished jobs no task holds any more (their task died, or its message was lost)."""
+    now = timezone.now()
+    return list(
+        BatchJob.objects.filter(
+            Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), status__in=ACTIVE
+        ).values_list("pk", flat=True)
+    )

@@ -1,0 +1,81 @@
+"""`python manage.py apikey create --user alice [--tier vip] [--name ...]`, `apikey revoke <prefix>`,
+`apikey list [--user alice]`: API keys from the command line."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from chat import api_keys
+from chat.models import ApiKey, User
+
+
+class Command(BaseCommand):
+    help = "Create, revoke or list API keys for the OpenAI-compatible API."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        actions = parser.add_subparsers(dest="action", required=True)
+        create = actions.add_parser("create", help="Issue a key; it is printed this once.")
+        create.add_argument("--user", required=True, help="Username of the key's owner.")
+        create.add_argument("--name", default="", help="What the key is for.")
+        create.add_argument(
+            "--tier", default="", choices=["", *User.Tier.values], help="Default: the owner's tier."
+        )
+        revoke = actions.add_parser("revoke", help="Revoke a key by the prefix `apikey list` shows.")
+        revoke.add_argument("prefix")
+        listing = actions.add_parser("list", help="List keys (never their secret).")
+        listing.add_argument("--user", help="Only this user's keys.")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        getattr(self, f"_{options['action']}")(options)
+
+    def _user(self, username: str) -> User:
+        try:
+            return User.objects.get(username=username)
+        except User.DoesNotExist as exc:
+            raise CommandError(f"There is no user {username!r}.") from exc
+
+    def _create(self, options: dict[str, Any]) -> None:
+        issued = api_keys.api_key_create(
+            owner=self._user(options["user"]), name=options["name"], tier=options["tier"]
+        )
+        key = issued.api_key
+        self.stderr.write(
+            f"Created {key.prefix}… for {key.owner.username} (tier {key.effective_tier}). "
+            "Store it now: it cannot be shown again."
+        )
+        # The key alone on stdout, so that scripts can capture it.
+        self.stdout.write(issued.plaintext)
+
+    def _revoke(self, options: dict[str, Any]) -> None:
+        prefix = options["prefix"].rstrip("…")
+        try:
+            key = api_keys.api_key_get(prefix=prefix)
+        except ApiKey.DoesNotExist as exc:
+            raise CommandError(f"No key has the prefix {prefix!r}; see `manage.py apikey list`.") from exc
+        if api_keys.api_key_revoke(api_key=key):
+            self.stdout.write(f"Revoked {key.prefix}… of {key.owner.username}.")
+        else:
+            self.stdout.write(f"{key.prefix}… was already revoked.")
+
+    def _list(self, options: dict[str, Any]) -> None:
+        owner = self._user(options["user"]) if options.get("user") else None
+        rows = [("prefix", "name", "owner", "tier", "created", "last used", "status")]
+        for key in api_keys.api_key_list(owner=owner):
+            rows.append(
+                (
+                    key.prefix,
+                    key.name or "-",
+                    key.owner.username,
+                    key.effective_tier,
+                    f"{key.created_at:%Y-%m-%d %H:%M}",
+                    f"{key.last_used_at:%Y-%m-%d %H:%M}" if key.last_used_at else "never",
+                    f"revoked {key.revoked_at:%Y-%m-%d %H:%M}" if key.revoked_at else "active",
+                )
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            self.stdout.write(
+                "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            )

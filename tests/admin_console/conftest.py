@@ -1,0 +1,89 @@
+import asyncio
+import itertools
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from chat.models import Conversation, Message, User
+from scheduler import workers
+from scheduler.redis import new_async_redis
+
+_ids = itertools.count()
+
+
+@pytest.fixture
+def staff() -> User:
+    return User.objects.create_user("sam", password="pw", is_staff=True)
+
+
+@pytest.fixture
+def client_staff(staff) -> Client:
+    client = Client()
+    client.force_login(staff)
+    return client
+
+
+def heartbeat(variant: str, *, draining: bool = False) -> str:
+    """Make a worker serving `variant` look alive (as its heartbeat would); returns its id."""
+    worker_id = f"worker-{variant}-{next(_ids)}"
+
+    async def write():
+        client = new_async_redis()
+        try:
+            await workers.heartbeat_write(
+                client,
+                worker_id=worker_id,
+                info={
+                    "variant": variant,
+                    "engine": "simulated",
+                    "slots": 8,
+                    "running": 3,
+                    "draining": draining,
+                    "kv_cache_usage": 0.25,
+                    "memory_used_bytes": 300 * 2**20,
+                    "memory_total_bytes": 16 * 2**30,
+                    "memory_source": "process-rss",
+                },
+                jobs_per_s=1.0,
+                normal_jobs_per_s=0.8,
+            )
+        finally:
+            await client.aclose()
+
+    asyncio.run(write())
+    return worker_id
+
+
+@pytest.fixture
+def live_workers() -> dict[str, str]:
+    return {variant: heartbeat(variant) for variant in ("stable", "candidate")}
+
+
+def answers(
+    variant: str,
+    count: int,
+    *,
+    errors: int = 0,
+    ttft_ms: float = 100.0,
+    thumbs_down: int = 0,
+    thumbs_up: int = 0,
+    ago_s: float = 0.0,
+) -> None:
+    """`count` finished answers of `variant`, the first `errors` of them failed."""
+    conversation = Conversation.objects.create(session_key="answers")
+    completed_at = timezone.now() - timedelta(seconds=ago_s)
+    votes = [Message.Feedback.DOWN] * thumbs_down + [Message.Feedback.UP] * thumbs_up
+    for n in range(count):
+        failed = n < errors
+        Message.objects.create(
+            conversation=conversation,
+            role=Message.Role.ASSISTANT,
+            variant=variant,
+            status=Message.Status.ERROR if failed else Message.Status.DONE,
+            error_code="engine_error" if failed else "",
+            ttft_ms=None if failed else ttft_ms,
+            feedback=None if failed or n - errors >= len(votes) else votes[n - errors],
+            completed_at=completed_at,
+        )

@@ -1,0 +1,181 @@
+"""Console pages through HTTP: who may see them, what they show, what their forms change."""
+
+import json
+
+import pytest
+from django.test import Client
+
+from admin_console.models import AuditLog, CanaryRollout
+from chat.models import User
+from scheduler.models import TierPolicy
+from scheduler.queues import job_enqueue
+from scheduler.routing import canary_split
+from tests.admin_console.conftest import heartbeat
+
+pytestmark = pytest.mark.django_db
+
+PAGES = ["/console/", "/console/live", "/console/limits", "/console/canary", "/console/audit"]
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_visitors_who_are_not_signed_in_are_sent_to_sign_in(url):
+    response = Client().get(url)
+    assert response.status_code == 302
+    assert response["Location"] == f"/accounts/login/?next={url}"
+
+
+@pytest.mark.parametrize("url", PAGES)
+def test_signed_in_customers_are_refused(url):
+    client = Client()
+    client.force_login(User.objects.create_user("alice", password="pw"))
+    response = client.get(url)
+    assert response.status_code == 403
+    assert b"Staff only" in response.content
+
+
+def test_a_customer_cannot_change_anything_either():
+    client = Client()
+    client.force_login(User.objects.create_user("alice", password="pw"))
+    assert client.post("/console/limits/normal", {"normal-bucket_capacity": 1}).status_code == 403
+    assert client.post("/console/canary/split", {"split_percent": 100}).status_code == 403
+
+
+def test_the_dashboard_shows_queues_and_workers(client_staff):
+    worker_id = heartbeat("stable")
+    for n in range(3):
+        job_enqueue(
+            variant="stable",
+            tier="normal",
+            request_id=f"r{n}",
+            payload={},
+            max_queued=10,
+            wait_slo_s=100,
+            max_wait_s=60,
+        )
+    page = client_staff.get("/console/")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'id="queue-depth-total" data-value="3"' in html
+    assert worker_id in html
+    assert "engine process, no GPU" in html
+    assert 'hx-trigger="every 2s' in html
+
+
+def test_the_live_partial_swaps_the_tables_and_chart_data_out_of_band(client_staff):
+    response = client_staff.get("/console/live", HTTP_HX_REQUEST="true")
+    html = response.content.decode()
+    assert 'id="live-summary"' in html
+    assert 'id="live-tables" class="live-tables" hx-swap-oob="true"' in html
+    charts = json.loads(
+        html.split('<script id="chart-data" type="application/json">')[1].split("</script>")[0]
+    )
+    assert len(charts["starts"]) == 90
+    assert set(charts["queue_depth"]) == {"vip", "normal", "batch"}
+
+
+def test_a_valid_policy_edit_is_saved_and_an_invalid_one_shows_why(client_staff):
+    values = {
+        f"vip-{name}": value
+        for name, value in TierPolicy.objects.filter(tier="vip").values().get().items()
+        if name not in {"tier", "updated_at"}
+    }
+    saved = client_staff.post("/console/limits/vip", {**values, "vip-max_queued": 33})
+    assert saved.status_code == 302
+    assert TierPolicy.objects.get(tier="vip").max_queued == 33
+    refused = client_staff.post("/console/limits/vip", {**values, "vip-max_queued": 0})
+    assert refused.status_code == 400
+    assert b"Ensure this value is greater than or equal to 1." in refused.content
+    assert TierPolicy.objects.get(tier="vip").max_queued == 33
+    assert AuditLog.objects.count() == 1
+
+
+def test_a_drain_button_asks_the_worker_to_drain(client_staff):
+    worker_id = heartbeat("stable")
+    response = client_staff.post(f"/console/workers/{worker_id}/drain", follow=True)
+    assert b"is draining" in response.content
+    assert AuditLog.objects.get().action == "worker.drain"
+
+
+def test_the_canary_page_starts_moves_and_rolls_back_a_canary(client_staff):
+    heartbeat("stable")
+    heartbeat("candidate")
+    page = client_staff.get("/console/canary")
+    assert b'<option value="candidate">candidate</option>' in page.content
+    form = {
+        "candidate_variant": "candidate",
+        "step_percents": "5 → 20 → 50 → 100",
+        "hold_seconds": "60",
+        "max_error_rate_increase_points": 5,
+        "max_ttft_p95_ratio": 1.5,
+        "max_thumbs_down_increase_points": 10,
+        "min_answers": 20,
+        "min_votes": 10,
+        "window_s": 300,
+    }
+    assert client_staff.post("/console/canary/start", form).status_code == 302
+    assert CanaryRollout.objects.get().steps[1] == {"percent": 20, "hold_s": 60}
+    assert canary_split().split_percent == 5
+    assert client_staff.post("/console/canary/split", {"split_percent": 70}).status_code == 302
+    assert canary_split().split_percent == 70
+    page = client_staff.get("/console/canary").content.decode()
+    assert 'data-split="70"' in page
+    assert client_staff.post("/console/canary/rollback").status_code == 302
+    assert canary_split().split_percent == 0
+    page = client_staff.get("/console/canary").content.decode()
+    assert "rolled back" in page
+    assert 'id="rollback-banner"' not in page  # only automatic rollbacks raise the banner
+
+
+@pytest.mark.parametrize(
+    ("steps", "holds", "error"),
+    [
+        ("5, 20, 50", "60", "The last step must send 100%"),
+        ("5, twenty, 100", "60", "whole numbers"),
+        ("5, 50, 100", "60, 60", "one hold for every step"),
+    ],
+)
+def test_a_bad_plan_is_refused_with_a_reason(client_staff, steps, holds, error):
+    heartbeat("candidate")
+    form = {"candidate_variant": "candidate", "step_percents": steps, "hold_seconds": holds}
+    form |= {
+        "max_error_rate_increase_points": 5,
+        "max_ttft_p95_ratio": 1.5,
+        "max_thumbs_down_increase_points": 10,
+    }
+    form |= {"min_answers": 20, "min_votes": 10, "window_s": 300}
+    response = client_staff.post("/console/canary/start", form)
+    assert response.status_code == 400
+    assert error in response.content.decode()
+    assert not CanaryRollout.objects.exists()
+
+
+def test_an_automatic_rollback_raises_a_banner_on_every_console_page(client_staff, staff):
+    heartbeat("candidate")
+    CanaryRollout.objects.create(
+        stable_variant="stable",
+        candidate_variant="candidate",
+        steps=[{"percent": 100, "hold_s": 0}],
+        step_started_at="2026-01-01T00:00:00Z",
+        status="rolled_back",
+        automatic=True,
+        rollback_reason="error_rate, ttft_p95",
+        ended_at="2026-01-01T00:05:00Z",
+    )
+    for url in ("/console/", "/console/limits"):
+        html = client_staff.get(url).content.decode()
+        assert 'id="rollback-banner"' in html
+        assert "broke the error-rate and TTFT p95 rules" in html
+
+
+def test_the_audit_log_lists_changes_newest_first(client_staff, staff):
+    AuditLog.objects.create(
+        actor=staff,
+        actor_name="sam",
+        action="policy.update",
+        target="vip",
+        before={"max_queued": 200},
+        after={"max_queued": 33},
+    )
+    html = client_staff.get("/console/audit").content.decode()
+    assert "Rate-limit policy changed" in html
+    assert "<del>200</del> → <ins>33</ins>" in html

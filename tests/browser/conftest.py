@@ -1,0 +1,58 @@
+"""Browser tests: Playwright drives Debian's chromium, headless, against the real processes.
+
+Playwright's own browser download is never used (CI installs Debian's `chromium`, see .ci/run).
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from playwright.sync_api import Browser, Page, sync_playwright
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+TIMEOUT_MS = 20_000
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Browser]:
+    if not CHROMIUM.exists():
+        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (see .ci/run)")
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield browser
+        browser.close()
+
+
+def new_page(browser: Browser, base_url: str) -> Page:
+    """A fresh context (own cookies, so its own guest session or account)."""
+    context = browser.new_context(base_url=base_url, viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(TIMEOUT_MS)
+    page = context.new_page()
+    # Drain, promote and roll back ask for confirmation; the tests mean what they click.
+    page.on("dialog", lambda dialog: dialog.accept())
+    return page
+
+
+def js_errors(page: Page) -> list[str]:
+    """Uncaught errors the page's scripts raise from now on."""
+    errors: list[str] = []
+    page.on("pageerror", lambda error: errors.append(str(error)))
+    return errors
+
+
+def sign_in(page: Page, username: str, password: str, *, next_url: str = "/") -> None:
+    page.goto(f"/accounts/login/?next={next_url}")
+    page.get_by_label("Username").fill(username)
+    page.get_by_label("Password").fill(password)
+    page.get_by_role("button", name="Sign in").click()
+    page.wait_for_url(f"**{next_url}")

@@ -1,0 +1,145 @@
+"""The console in a real browser: who gets in, the live dashboard under load, the canary split."""
+
+import asyncio
+import threading
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import js_errors, new_page, sign_in
+from tests.e2e.client import ChatClient
+from tests.e2e.conftest import running_stack
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+LOAD_MESSAGES = 36
+
+
+@pytest.fixture(scope="module")
+def stack():
+    # Answers of about 2.5 s on 6 slots for normal traffic: a burst queues for several seconds.
+    for stack in running_stack(SIMULATED_OUTPUT_TOKENS="40", SIMULATED_DECODE_BASE_S="0.05"):
+        stack.start_worker(INFERENCE_VARIANT="candidate")
+        yield stack
+
+
+@pytest.fixture
+def staff_page(browser, stack) -> Page:
+    page = new_page(browser, stack.base_url)
+    sign_in(page, "sam", "sam-demo-pass", next_url="/console/")
+    yield page
+    page.context.close()
+
+
+def _queue_depth(page: Page) -> int:
+    return int(page.locator("#queue-depth-total").get_attribute("data-value"))
+
+
+def _send_burst(base_url: str, count: int) -> None:
+    """`count` messages from guests at once, without reading the answers (they are served anyway)."""
+
+    async def burst():
+        guests = [ChatClient(base_url) for _ in range(4)]
+        try:
+            conversations = []
+            for n in range(count):
+                guest = guests[n % len(guests)]
+                conversations.append((guest, await guest.new_conversation()))
+            await asyncio.gather(
+                *(guest.ask(c, f"Question {n}") for n, (guest, c) in enumerate(conversations))
+            )
+        finally:
+            for guest in guests:
+                await guest.http.aclose()
+
+    asyncio.run(burst())
+
+
+def test_a_visitor_is_sent_to_sign_in_and_a_customer_is_refused(browser, stack):
+    page = new_page(browser, stack.base_url)
+    page.goto("/console/")
+    expect(page).to_have_url(f"{stack.base_url}/accounts/login/?next=/console/")
+    sign_in(page, "alice", "alice-demo-pass", next_url="/console/")
+    response = page.goto("/console/canary")
+    assert response.status == 403
+    expect(page.get_by_role("heading", name="Staff only")).to_be_visible()
+    expect(page.get_by_role("link", name="Console")).to_have_count(0)
+    page.context.close()
+
+
+def test_the_dashboard_queue_depth_rises_under_load_and_falls_after(staff_page, stack):
+    page = staff_page
+    errors = js_errors(page)
+    expect(page.locator("#queue-depth-total")).to_have_attribute("data-value", "0")
+    load = threading.Thread(target=_send_burst, args=(stack.base_url, LOAD_MESSAGES))
+    load.start()
+    try:
+        # The page refreshes itself every 2 s: no reload here.
+        page.wait_for_function(
+            "Number(document.getElementById('queue-depth-total').dataset.value) >= 10", timeout=20_000
+        )
+        peak = _queue_depth(page)
+        expect(page.locator("tr[data-variant='stable'][data-tier='normal'] [data-queued]")).not_to_have_text(
+            "0"
+        )
+    finally:
+        load.join()
+    expect(page.locator("#queue-depth-total")).to_have_attribute("data-value", "0", timeout=60_000)
+    assert peak >= 10
+    # The queue-depth chart drew the burst from the workers' samples.
+    expect(page.locator("figure[data-chart='queue_depth'] path.chart__line").first).to_be_attached()
+    chart_label = page.locator("figure[data-chart='queue_depth'] svg").get_attribute("aria-label")
+    assert "Peak: 0 jobs" not in chart_label
+    assert errors == []
+
+
+def _variant_of_a_new_conversation(page: Page) -> str:
+    page.goto("/")
+    page.get_by_role("button", name="New chat").click()
+    page.get_by_label("Your message").fill("Which model answers me?")
+    page.keyboard.press("Enter")
+    answer = page.locator(".bubble--assistant").last
+    expect(answer).to_have_attribute("data-status", "done", timeout=30_000)
+    return answer.locator(".bubble__variant").inner_text()
+
+
+def _set_split(page: Page, percent: int) -> None:
+    page.goto("/console/canary")
+    page.get_by_label("Split (% of new conversations to the candidate)").fill(str(percent))
+    page.get_by_role("button", name="Set split").click()
+    expect(page.locator("#canary-split")).to_have_attribute("data-split", str(percent))
+
+
+def _wait_for_variant(page: Page, variant: str, attempts: int = 5) -> list[str]:
+    """Routing reads the split at most a second late: a new conversation soon gets `variant`."""
+    seen = [_variant_of_a_new_conversation(page)]
+    while seen[-1] != variant and len(seen) < attempts:
+        seen.append(_variant_of_a_new_conversation(page))
+    return seen
+
+
+def test_moving_the_canary_split_changes_which_variant_answers_new_conversations(browser, staff_page, stack):
+    console = staff_page
+    console.goto("/console/canary")
+    console.get_by_label("Candidate variant").select_option("candidate")
+    console.get_by_label("Steps (% of new conversations)").fill("50, 100")
+    console.get_by_label("Hold per step (seconds)").fill("3600")
+    console.get_by_role("button", name="Start canary").click()
+    expect(console.get_by_role("heading", name="Running: candidate against stable")).to_be_visible()
+
+    customer = new_page(browser, stack.base_url)
+    try:
+        _set_split(console, 100)
+        to_candidate = _wait_for_variant(customer, "candidate")
+        assert to_candidate[-1] == "candidate"
+        assert [_variant_of_a_new_conversation(customer) for _ in range(2)] == ["candidate"] * 2
+
+        _set_split(console, 0)
+        to_stable = _wait_for_variant(customer, "stable")
+        assert to_stable[-1] == "stable"
+        assert [_variant_of_a_new_conversation(customer) for _ in range(2)] == ["stable"] * 2
+    finally:
+        customer.context.close()
+
+    console.get_by_role("button", name="Roll back").click()
+    expect(console.get_by_role("heading", name="Start a canary")).to_be_visible()

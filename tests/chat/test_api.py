@@ -1,0 +1,420 @@
+"""The OpenAI-compatible API through Django's test client, with a test playing the worker."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient, Client, override_settings
+
+from chat import api_keys
+from chat.models import User
+from scheduler import keys, workers
+from scheduler.models import TierPolicy
+from scheduler.policy import policies_mirror
+from scheduler.redis import new_async_redis, sync_redis
+from tests.chat import worker_double
+
+pytestmark = pytest.mark.django_db
+
+HELLO = {"model": "stable", "messages": [{"role": "user", "content": "Where is my order?"}]}
+
+
+@pytest.fixture
+def alice() -> User:
+    return User.objects.create(username="alice")
+
+
+@pytest.fixture
+def key(alice) -> str:
+    return api_keys.api_key_create(owner=alice, name="tests").plaintext
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _post(client: Client, key: str | None, body: Any, **extra) -> Any:
+    headers = _auth(key) if key else {}
+    data = body if isinstance(body, str) else json.dumps(body)
+    return client.post(
+        "/v1/chat/completions", data, content_type="application/json", headers=headers, **extra
+    )
+
+
+def _queued_anywhere() -> int:
+    return sum(sync_redis().xlen(keys.queue("stable", tier)) for tier in keys.TIERS)
+
+
+def _with_answer(key: str, body: dict, *events: tuple[str, dict]) -> Any:
+    """POST a completion while the worker double answers it. Returns the response, the request
+    as queued, and the streamed body read to its end (empty for a whole completion)."""
+
+    async def scenario():
+        client = AsyncClient()
+        call = asyncio.create_task(
+            client.post(
+                "/v1/chat/completions", json.dumps(body), content_type="application/json", headers=_auth(key)
+            )
+        )
+        [job] = await asyncio.to_thread(worker_double.wait_queued, "normal")
+        await asyncio.to_thread(worker_double.publish, job["request_id"], *events)
+        response = await call
+        streamed = (
+            b"".join([chunk async for chunk in response.streaming_content]) if response.streaming else b""
+        )
+        return response, job, streamed.decode()
+
+    return async_to_sync(scenario)()
+
+
+def _sse_data(text: str) -> list[Any]:
+    datas = [line[len("data: ") :] for line in text.splitlines() if line.startswith("data: ")]
+    return [data if data == "[DONE]" else json.loads(data) for data in datas]
+
+
+# --- authentication -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("header", [None, "Bearer", "Basic c2stYWJj", "Bearer sk-not-a-real-key", "Bearer x"])
+def test_a_missing_or_wrong_key_gets_401_in_openai_shape_and_queues_nothing(header):
+    headers = {"Authorization": header} if header else {}
+    response = Client().post("/v1/chat/completions", HELLO, content_type="application/json", headers=headers)
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "invalid_api_key"
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    assert _queued_anywhere() == 0
+
+
+def test_a_revoked_key_gets_401_at_once(alice):
+    issued = api_keys.api_key_create(owner=alice)
+    api_keys.api_key_revoke(api_key=issued.api_key)
+    response = _post(Client(), issued.plaintext, HELLO)
+    assert response.status_code == 401
+    assert "revoked" in response.json()["error"]["message"]
+
+
+def test_a_signed_in_session_is_not_an_api_key(alice):
+    client = Client()
+    client.force_login(alice)
+    assert _post(client, None, HELLO).status_code == 401
+    assert client.get("/v1/models").status_code == 401
+
+
+def test_api_calls_need_no_csrf_token(key):
+    assert _post(Client(enforce_csrf_checks=True), key, HELLO | {"stream": True}).status_code == 200
+
+
+# --- models ---------------------------------------------------------------------------------
+
+
+def _heartbeat(worker_id: str, variant: str, *, draining: bool = False) -> None:
+    async def write():
+        client = new_async_redis()
+        info = {"variant": variant, "engine": "simulated", "slots": 4, "running": 0, "draining": draining}
+        await workers.heartbeat_write(
+            client, worker_id=worker_id, info=info, jobs_per_s=1, normal_jobs_per_s=1
+        )
+        await client.aclose()
+
+    asyncio.run(write())
+
+
+def test_models_lists_the_variants_that_have_a_live_worker_not_draining(key):
+    _heartbeat("w1", "stable")
+    _heartbeat("w2", "canary-b")
+    _heartbeat("w3", "leaving", draining=True)
+    response = Client().get("/v1/models", headers=_auth(key))
+    assert response.status_code == 200
+    body = response.json()
+    assert body["object"] == "list"
+    assert [m["id"] for m in body["data"]] == ["canary-b", "stable"]
+    assert body["data"][0] == {"id": "canary-b", "object": "model", "created": 0, "owned_by": "simulated"}
+    assert Client().get("/v1/models/stable", headers=_auth(key)).json()["id"] == "stable"
+    missing = Client().get("/v1/models/leaving", headers=_auth(key))
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "model_not_found")
+
+
+# --- requests: what is accepted and what reaches the worker ------------------------------------
+
+
+def test_the_worker_gets_the_generation_parameters_the_key_s_limits_and_the_api_grace(key, alice, settings):
+    settings.API_DISCONNECT_GRACE_S = 0.0
+    body = HELLO | {"max_tokens": 12, "temperature": 0.2, "top_p": 0.5, "stop": ["\n\n"], "stream": True}
+    assert _post(Client(), key, body).status_code == 200
+    [job] = worker_double.queued("normal")
+    assert job["messages"] == HELLO["messages"]
+    assert (job["max_tokens"], job["temperature"], job["top_p"], job["stop"]) == (12, 0.2, 0.5, ["\n\n"])
+    assert job["disconnect_grace_s"] == 0.0
+    assert job["client_id"] == f"key:{alice.api_keys.get().pk}"
+
+
+def test_a_key_without_a_tier_follows_its_owner_and_a_key_with_one_overrides_it(alice):
+    alice.tier = User.Tier.VIP
+    alice.save()
+    owners = api_keys.api_key_create(owner=alice).plaintext
+    normal = api_keys.api_key_create(owner=alice, tier=User.Tier.NORMAL).plaintext
+    for plaintext in (owners, normal):
+        assert _post(Client(), plaintext, HELLO | {"stream": True}).status_code == 200
+    assert len(worker_double.queued("vip")) == 1
+    assert len(worker_double.queued("normal")) == 1
+
+
+def test_text_content_parts_and_the_developer_role_are_accepted(key):
+    messages = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]},
+    ]
+    assert _post(Client(), key, {"model": "stable", "messages": messages, "stream": True}).status_code == 200
+    [job] = worker_double.queued("normal")
+    assert job["messages"] == [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hello\nthere"},
+    ]
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"n": 2}, "n"),
+        ({"tools": [{"type": "function", "function": {"name": "lookup"}}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"logprobs": True}, "logprobs"),
+        ({"presence_penalty": 0.5}, "presence_penalty"),
+        ({"seed": 7}, "seed"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ],
+)
+def test_unsupported_parameters_get_400_naming_the_parameter(key, extra, param):
+    response = _post(Client(), key, HELLO | extra)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert _queued_anywhere() == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ("{not json", None),
+        ([1, 2], None),
+        ({"messages": HELLO["messages"]}, "model"),
+        ({"model": "stable"}, "messages"),
+        ({"model": "stable", "messages": []}, "messages"),
+        (HELLO | {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        (
+            HELLO | {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+            "messages[0].content[0]",
+        ),
+        (HELLO | {"max_tokens": 0}, "max_tokens"),
+        (HELLO | {"max_completion_tokens": 10**9}, "max_completion_tokens"),
+        (HELLO | {"temperature": 3}, "temperature"),
+        (HELLO | {"top_p": 0}, "top_p"),
+        (HELLO | {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        (HELLO | {"stream": "yes"}, "stream"),
+        (HELLO | {"stream_options": {"include_usage": True}}, "stream_options"),
+    ],
+)
+def test_malformed_requests_get_400_in_openai_shape(key, body, param):
+    response = _post(Client(), key, body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+    assert response.json()["error"]["message"]
+    assert _queued_anywhere() == 0
+
+
+def test_a_wrong_method_gets_405_in_openai_shape(key):
+    response = Client().get("/v1/chat/completions", headers=_auth(key))
+    assert (response.status_code, response["Allow"]) == (405, "POST")
+    assert response.json()["error"]["message"]
+
+
+# --- refusals -------------------------------------------------------------------------------
+
+
+def test_a_flood_from_one_key_gets_429_with_retry_after_and_other_keys_are_unaffected(key, alice):
+    TierPolicy.objects.filter(tier="normal").update(max_concurrent_per_user=100)
+    policies_mirror()
+    statuses = [_post(Client(), key, HELLO | {"stream": True}).status_code for _ in range(6)]
+    refused = _post(Client(), key, HELLO)
+    # The normal tier's bucket holds 6 per client and refills one every 5 s.
+    assert statuses == [200] * 6
+    assert refused.status_code == 429
+    assert refused["Retry-After"] == "5"
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    other = api_keys.api_key_create(owner=alice).plaintext
+    assert _post(Client(), other, HELLO | {"stream": True}).status_code == 200
+
+
+def test_a_full_queue_gets_503_with_retry_after(key):
+    TierPolicy.objects.filter(tier="normal").update(max_queued=1)
+    policies_mirror()
+    assert _post(Client(), key, HELLO | {"stream": True}).status_code == 200
+    response = _post(Client(), key, HELLO)
+    assert response.status_code == 503
+    assert int(response["Retry-After"]) >= 1
+    assert response.json()["error"] == {
+        "message": response.json()["error"]["message"],
+        "type": "server_error",
+        "param": None,
+        "code": "queue_full",
+    }
+
+
+def test_redis_unreachable_gets_503_with_retry_after(key):
+    sync_redis.cache_clear()
+    try:
+        with override_settings(REDIS_URL="redis://127.0.0.1:1/0"):
+            response = _post(Client(), key, HELLO)
+    finally:
+        sync_redis.cache_clear()
+    assert response.status_code == 503
+    assert int(response["Retry-After"]) >= 1
+    assert response.json()["error"]["code"] == "scheduler_unavailable"
+
+
+# --- answers --------------------------------------------------------------------------------
+
+
+def test_a_whole_completion_has_the_text_usage_and_finish_reason(key):
+    response, job, _ = _with_answer(
+        key,
+        HELLO,
+        ("start", {}),
+        *worker_double.tokens("Lost ", "words "),
+        # A worker died: the answer restarts, and only the new attempt counts.
+        ("reset", {"reason": "worker_restarted", "attempt": 2}),
+        *worker_double.tokens("Your ", "order ", "shipped."),
+        worker_double.done("length", prompt_tokens=11, completion_tokens=3),
+    )
+    assert response.status_code == 200
+    body = response.json()
+    assert body["id"] == "chatcmpl-" + uuid.UUID(job["request_id"]).hex
+    assert body["object"] == "chat.completion"
+    assert body["model"] == "stable"
+    [choice] = body["choices"]
+    assert choice["message"] == {"role": "assistant", "content": "Your order shipped.", "refusal": None}
+    assert choice["finish_reason"] == "length"
+    assert body["usage"] == {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "retry_after", "should_retry"),
+    [("expired", 503, "10", None), ("engine_error", 500, None, "false"), ("timeout", 500, None, "false")],
+)
+def test_an_answer_that_fails_is_an_error_in_openai_shape(key, code, status, retry_after, should_retry):
+    response, _, _ = _with_answer(key, HELLO, ("error", {"code": code, "message": "It went wrong."}))
+    assert response.status_code == status
+    assert response.json()["error"]["code"] == code
+    assert response.get("Retry-After") == retry_after
+    assert response.get("x-should-retry") == should_retry
+
+
+def test_a_streamed_completion_sends_chunks_then_usage_then_done(key):
+    body = HELLO | {"stream": True, "stream_options": {"include_usage": True}}
+    response, job, streamed = _with_answer(
+        key,
+        body,
+        ("queued", {"seq": 1, "tier": "normal"}),
+        ("reset", {"reason": "worker_restarted", "attempt": 2}),  # before any text: carried on
+        ("start", {}),
+        *worker_double.tokens("Your ", "order ", "shipped."),
+        worker_double.done("stop", prompt_tokens=11, completion_tokens=3),
+    )
+    assert response.status_code == 200
+    assert response["Content-Type"] == "text/event-stream"
+    assert response["Cache-Control"] == "no-cache"
+    chunks = _sse_data(streamed)
+    assert chunks[-1] == "[DONE]"
+    *content, closing, usage, _ = chunks
+    assert {c["id"] for c in chunks[:-1]} == {"chatcmpl-" + uuid.UUID(job["request_id"]).hex}
+    assert {c["object"] for c in chunks[:-1]} == {"chat.completion.chunk"}
+    assert content[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert "".join(c["choices"][0]["delta"]["content"] for c in content) == "Your order shipped."
+    assert all(c["usage"] is None for c in content)
+    assert closing["choices"][0] == {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}
+    assert usage["choices"] == []
+    assert usage["usage"] == {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
+
+
+def test_a_stream_without_include_usage_has_no_usage_field(key):
+    _, _, streamed = _with_answer(
+        key, HELLO | {"stream": True}, *worker_double.tokens("Hi"), worker_double.done()
+    )
+    chunks = _sse_data(streamed)
+    assert chunks[-1] == "[DONE]"
+    assert all("usage" not in c for c in chunks[:-1])
+    assert chunks[-2]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_reset_before_any_text_went_out_is_carried_on_with_the_new_attempt(key):
+    # Tokens and the reset arrive together: the first attempt's text was never sent.
+    _, _, streamed = _with_answer(
+        key,
+        HELLO | {"stream": True},
+        *worker_double.tokens("Lost ", "words "),
+        ("reset", {"reason": "worker_restarted", "attempt": 2}),
+        *worker_double.tokens("Your ", "order ", "shipped."),
+        worker_double.done(),
+    )
+    chunks = _sse_data(streamed)
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
+    assert (text, chunks[-2]["choices"][0]["finish_reason"], chunks[-1]) == (
+        "Your order shipped.",
+        "stop",
+        "[DONE]",
+    )
+
+
+def test_a_stream_that_sent_text_ends_with_an_error_chunk_on_reset_and_cancels_the_restart(key):
+    async def scenario():
+        response = await AsyncClient().post(
+            "/v1/chat/completions",
+            json.dumps(HELLO | {"stream": True}),
+            content_type="application/json",
+            headers=_auth(key),
+        )
+        [job] = await asyncio.to_thread(worker_double.wait_queued, "normal")
+        body = aiter(response.streaming_content)
+        chunks = [await anext(body)]  # the role chunk
+        await asyncio.to_thread(
+            worker_double.publish, job["request_id"], *worker_double.tokens("Your ", "order ")
+        )
+        chunks.append(await anext(body))  # the text went out
+        await asyncio.to_thread(
+            worker_double.publish,
+            job["request_id"],
+            ("reset", {"reason": "worker_restarted", "attempt": 2}),
+            *worker_double.tokens("Your ", "order ", "shipped."),
+            worker_double.done(),
+        )
+        chunks += [chunk async for chunk in body]
+        return job, b"".join(chunks).decode()
+
+    job, streamed = async_to_sync(scenario)()
+    chunks = _sse_data(streamed)
+    assert chunks[-1] == "[DONE]"
+    assert chunks[-2]["error"]["code"] == "generation_restarted"
+    # Nothing of the second attempt follows the first's text: nothing is said twice.
+    text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks if "choices" in c)
+    assert text in {"Your ", "Your order "}
+    assert sync_redis().exists(keys.cancel(job["request_id"]))
+
+
+def test_a_stream_whose_answer_fails_ends_with_an_error_chunk_and_done(key):
+    _, _, streamed = _with_answer(
+        key,
+        HELLO | {"stream": True},
+        *worker_double.tokens("Your "),
+        ("error", {"code": "timeout", "message": "Too slow."}),
+    )
+    chunks = _sse_data(streamed)
+    assert chunks[-2] == {
+        "error": {"message": "Too slow.", "type": "server_error", "param": None, "code": "timeout"}
+    }
+    assert chunks[-1] == "[DONE]"

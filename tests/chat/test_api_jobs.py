@@ -1,0 +1,317 @@
+"""Batch jobs: the API, and the feeding a Celery task does, with a test playing the worker."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.utils import timezone
+
+from chat import api_keys, jobs, tasks
+from chat.models import ApiKey, BatchJob, BatchJobItem, User
+from chat.openai_shapes import chat_request_parse
+from scheduler import keys
+from scheduler.admission import request_submit
+from scheduler.models import TierPolicy
+from scheduler.policy import policies_mirror
+from scheduler.redis import sync_redis
+from tests.chat import worker_double
+
+pytestmark = pytest.mark.django_db
+
+
+def _request(n: int) -> dict:
+    return {"model": "stable", "messages": [{"role": "user", "content": f"Question {n}"}], "max_tokens": 8}
+
+
+@pytest.fixture
+def issued() -> api_keys.IssuedApiKey:
+    return api_keys.api_key_create(owner=User.objects.create(username="alice"))
+
+
+@pytest.fixture
+def api_key(issued) -> ApiKey:
+    return issued.api_key
+
+
+def _job(api_key: ApiKey, count: int) -> BatchJob:
+    return jobs.job_create(api_key=api_key, requests=[chat_request_parse(_request(n)) for n in range(count)])
+
+
+def _items(job: BatchJob) -> list[BatchJobItem]:
+    return list(job.items.order_by("index"))
+
+
+def _answer_new(answered: set[str]) -> None:
+    """The worker double answers every batch request it has not answered yet."""
+    for queued in worker_double.queued("batch"):
+        if queued["request_id"] not in answered:
+            worker_double.answer(queued["request_id"], "Answer ", "to ", queued["messages"][-1]["content"])
+            answered.add(queued["request_id"])
+
+
+def _tasks_sent() -> list[tuple[str, str]]:
+    """(task name, its arguments as text) of each message waiting in Celery's queue."""
+    messages = [json.loads(raw) for raw in sync_redis().lrange("celery", 0, -1)]
+    return [(m["headers"]["task"], m["headers"]["argsrepr"]) for m in messages]
+
+
+# --- the API --------------------------------------------------------------------------------
+
+
+def _post_job(plaintext: str, body: object) -> object:
+    return Client().post(
+        "/v1/jobs",
+        json.dumps(body),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {plaintext}"},
+    )
+
+
+def test_a_job_is_accepted_with_202_and_a_task_is_sent_to_feed_it(issued, django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = _post_job(issued.plaintext, {"requests": [_request(n) for n in range(3)]})
+    assert response.status_code == 202
+    body = response.json()
+    assert response["Location"] == f"/v1/jobs/{body['id']}"
+    assert (body["object"], body["status"]) == ("job", "queued")
+    assert body["progress"] == {
+        "total": 3,
+        "pending": 3,
+        "submitted": 0,
+        "completed": 0,
+        "failed": 0,
+        "cancelled": 0,
+    }
+    job = BatchJob.objects.get()
+    assert [item.request["messages"][0]["content"] for item in _items(job)] == [
+        f"Question {n}" for n in range(3)
+    ]
+    [(task, args)] = _tasks_sent()
+    assert task == "chat.tasks.job_run" and str(job.pk) in args
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"requests": []}, "requests"),
+        ({"requests": [_request(0)] * 3}, "requests"),
+        ({}, "requests"),
+        ({"requests": [_request(0), _request(1) | {"stream": True}]}, "requests[1].stream"),
+        ({"requests": [_request(0) | {"n": 3}]}, "requests[0].n"),
+        ({"requests": [{"model": "stable"}]}, "requests[0].messages"),
+    ],
+)
+def test_a_malformed_job_gets_400_naming_the_request_and_nothing_is_stored(issued, settings, body, param):
+    settings.BATCH_JOB_MAX_REQUESTS = 2
+    response = _post_job(issued.plaintext, body)
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == param
+    assert not BatchJob.objects.exists()
+
+
+def test_polling_shows_progress_and_results_only_to_the_owner(issued, api_key):
+    job = _job(api_key, 2)
+    jobs.job_feed(job_id=job.pk, budget_s=0)
+    first = worker_double.queued("batch")[0]["request_id"]
+    worker_double.answer(first, "Your ", "order ", "shipped.")
+    jobs.job_feed(job_id=job.pk, budget_s=0.2)
+    auth = {"Authorization": f"Bearer {issued.plaintext}"}
+    body = Client().get(f"/v1/jobs/{job.pk}", headers=auth).json()
+    assert body["status"] == "running"
+    assert (body["progress"]["completed"], body["progress"]["submitted"]) == (1, 1)
+    done, waiting = body["results"]
+    assert done["index"] == 0 and done["status"] == "completed" and done["error"] is None
+    assert done["response"]["object"] == "chat.completion"
+    assert done["response"]["id"] == "chatcmpl-" + uuid.UUID(first).hex
+    assert done["response"]["choices"][0]["message"]["content"] == "Your order shipped."
+    assert done["response"]["usage"]["completion_tokens"] == 3
+    assert waiting == {"index": 1, "status": "submitted", "response": None, "error": None}
+    stranger = api_keys.api_key_create(owner=User.objects.create(username="bob")).plaintext
+    for url in (f"/v1/jobs/{job.pk}", f"/v1/jobs/{uuid.uuid4()}"):
+        response = Client().get(url, headers={"Authorization": f"Bearer {stranger}"})
+        assert (response.status_code, response.json()["error"]["code"]) == (404, "job_not_found")
+    assert (
+        Client()
+        .post(f"/v1/jobs/{job.pk}/cancel", headers={"Authorization": f"Bearer {stranger}"})
+        .status_code
+        == 404
+    )
+
+
+# --- feeding --------------------------------------------------------------------------------
+
+
+def test_a_job_goes_through_the_batch_tier_a_few_at_a_time_and_every_answer_is_stored(api_key, settings):
+    settings.BATCH_JOB_MAX_IN_FLIGHT = 2
+    job = _job(api_key, 5)
+    answered: set[str] = set()
+    most_in_flight = 0
+    for _ in range(20):
+        more = jobs.job_feed(job_id=job.pk, budget_s=0.1)
+        most_in_flight = max(most_in_flight, job.items.filter(status="submitted").count())
+        _answer_new(answered)
+        if not more:
+            break
+    job.refresh_from_db()
+    assert job.status == "completed" and job.finished_at is not None
+    assert most_in_flight == 2
+    queued = worker_double.queued("batch")
+    assert len(queued) == 5  # each request submitted once
+    assert {q["client_id"] for q in queued} == {f"job:{job.pk}"}
+    items = _items(job)
+    assert [i.content for i in items] == [f"Answer to Question {n}" for n in range(5)]
+    assert {(i.status, i.finish_reason, i.completion_tokens) for i in items} == {("completed", "stop", 3)}
+    assert sorted(str(i.request_id) for i in items) == sorted(q["request_id"] for q in queued)
+    assert jobs.job_progress(job=job)["completed"] == 5
+
+
+def test_a_job_taken_over_from_a_dead_task_re_follows_its_requests_and_submits_none_twice(api_key):
+    job = _job(api_key, 2)
+    jobs.job_feed(job_id=job.pk, budget_s=0)
+    first, second = (q["request_id"] for q in worker_double.queued("batch"))
+    worker_double.publish(first, ("start", {}), *worker_double.tokens("Half "))
+    # The task feeding the job dies: its lease stays until it runs out.
+    BatchJob.objects.filter(pk=job.pk).update(
+        runner="dead", lease_expires_at=timezone.now() + timedelta(seconds=30)
+    )
+    assert jobs.job_feed(job_id=job.pk, budget_s=0) is False  # held: nobody else may feed it
+    assert jobs.job_ids_stalled() == []
+    BatchJob.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
+    assert jobs.job_ids_stalled() == [job.pk]
+    worker_double.publish(first, ("token", {"seq": 1, "text": "and half."}), worker_double.done())
+    worker_double.answer(second, "Second.")
+    assert jobs.job_feed(job_id=job.pk, budget_s=5) is False
+    job.refresh_from_db()
+    assert job.status == "completed"
+    # Followed again from the start of its stream: the text before the takeover is kept.
+    assert [i.content for i in _items(job)] == ["Half and half.", "Second."]
+    assert len(worker_double.queued("batch")) == 2
+
+
+def test_a_request_whose_task_died_around_submitting_is_neither_lost_nor_asked_twice(api_key):
+    job = _job(api_key, 2)
+    lost, sent = _items(job)
+    # Both had their id stored; only `sent` reached the scheduler before the task died.
+    for item in (lost, sent):
+        item.request_id, item.variant = uuid.uuid4(), "stable"
+        item.save()
+    request_submit(
+        request_id=str(sent.request_id),
+        client_id=f"job:{job.pk}",
+        tier="batch",
+        variant="stable",
+        payload=sent.request,
+    )
+    jobs.job_feed(job_id=job.pk, budget_s=0)
+    queued = [q["request_id"] for q in worker_double.queued("batch")]
+    assert sorted(queued) == sorted([str(sent.request_id), str(lost.request_id)])
+    assert {i.status for i in _items(job)} == {"submitted"}
+
+
+def test_a_full_batch_queue_holds_submissions_back_without_failing_the_job(api_key):
+    TierPolicy.objects.filter(tier="batch").update(max_queued=2)
+    policies_mirror()
+    job = _job(api_key, 4)
+    assert jobs.job_feed(job_id=job.pk, budget_s=0.1) is True
+    assert [i.status for i in _items(job)] == ["submitted", "submitted", "pending", "pending"]
+    sync_redis().set(keys.claimed_seq("stable", "batch"), 2)  # a worker took both
+    jobs.job_feed(job_id=job.pk, budget_s=0)
+    assert [i.status for i in _items(job)] == ["submitted"] * 4
+    assert len(worker_double.queued("batch")) == 4
+
+
+def test_cancelling_recalls_unanswered_requests_and_keeps_the_answers_already_stored(
+    issued, api_key, settings
+):
+    settings.BATCH_JOB_MAX_IN_FLIGHT = 2
+    job = _job(api_key, 4)
+    answered: set[str] = set()
+    jobs.job_feed(job_id=job.pk, budget_s=0)
+    worker_double.answer(worker_double.queued("batch")[0]["request_id"], "Kept.")
+    answered.add(worker_double.queued("batch")[0]["request_id"])
+    jobs.job_feed(job_id=job.pk, budget_s=0.2)
+    auth = {"Authorization": f"Bearer {issued.plaintext}"}
+    response = Client().post(f"/v1/jobs/{job.pk}/cancel", headers=auth)
+    assert response.status_code == 200
+    assert response.json()["status"] == "cancelled"
+    assert response.json()["progress"] | {"total": 0} == {
+        "total": 0, "pending": 0, "submitted": 0, "completed": 1, "failed": 0, "cancelled": 3,
+    }  # fmt: skip
+    items = _items(job)
+    assert [i.status for i in items] == ["completed", "cancelled", "cancelled", "cancelled"]
+    # Those in the scheduler are told to stop; the one never submitted has nothing to recall.
+    in_scheduler = [str(i.request_id) for i in items[1:] if i.request_id]
+    assert len(in_scheduler) == 2
+    assert all(sync_redis().exists(keys.cancel(rid)) for rid in in_scheduler)
+    # A late answer changes nothing, and no task feeds a cancelled job.
+    _answer_new(answered)
+    assert jobs.job_feed(job_id=job.pk, budget_s=0.2) is False
+    assert [i.status for i in _items(job)] == ["completed", "cancelled", "cancelled", "cancelled"]
+    assert len(worker_double.queued("batch")) == 3
+    assert Client().post(f"/v1/jobs/{job.pk}/cancel", headers=auth).status_code == 200
+
+
+def test_a_completed_job_cannot_be_cancelled(issued, api_key):
+    job = _job(api_key, 1)
+    jobs.job_feed(job_id=job.pk, budget_s=0)
+    _answer_new(set())
+    jobs.job_feed(job_id=job.pk, budget_s=1)
+    response = Client().post(
+        f"/v1/jobs/{job.pk}/cancel", headers={"Authorization": f"Bearer {issued.plaintext}"}
+    )
+    assert (response.status_code, response.json()["error"]["code"]) == (409, "job_completed")
+
+
+def test_an_answer_that_fails_is_stored_as_a_failed_result(api_key):
+    job = _job(api_key, 1)
+    jobs.job_feed(job_id=job.pk, budget_s=0)
+    [queued] = worker_double.queued("batch")
+    worker_double.publish(queued["request_id"], ("error", {"code": "engine_error", "message": "It broke."}))
+    jobs.job_feed(job_id=job.pk, budget_s=1)
+    [item] = _items(job)
+    assert (item.status, item.error_code, item.error_message) == ("failed", "engine_error", "It broke.")
+    assert BatchJob.objects.get().status == "completed"
+
+
+# --- the Celery tasks -------------------------------------------------------------------------
+
+
+def test_a_task_whose_slice_ends_hands_the_job_to_a_fresh_task(api_key, settings):
+    settings.BATCH_JOB_SLICE_S = 0
+    job = _job(api_key, 1)
+    tasks.job_run(str(job.pk))
+    [(task, args)] = _tasks_sent()
+    assert task == "chat.tasks.job_run" and str(job.pk) in args
+    assert BatchJob.objects.get().runner == ""  # free for that task at once
+
+
+def test_a_task_hands_its_job_on_at_once_when_its_worker_shuts_down(api_key, settings):
+    settings.BATCH_JOB_SLICE_S = 30
+    job = _job(api_key, 1)
+    tasks._worker_stopping.set()
+    try:
+        started = time.monotonic()
+        tasks.job_run(str(job.pk))
+        stopped_after_s = time.monotonic() - started
+    finally:
+        tasks._worker_stopping.clear()
+    assert stopped_after_s < settings.BATCH_JOB_SLICE_S / 2  # not at the end of its slice
+    assert [task for task, _ in _tasks_sent()] == ["chat.tasks.job_run"]
+    assert [i.status for i in _items(job)] == ["submitted"]
+
+
+def test_the_sweep_restarts_only_jobs_whose_lease_ran_out(api_key):
+    stalled, held, done = _job(api_key, 1), _job(api_key, 1), _job(api_key, 1)
+    BatchJob.objects.filter(pk=stalled.pk).update(
+        runner="dead", lease_expires_at=timezone.now() - timedelta(seconds=1)
+    )
+    BatchJob.objects.filter(pk=done.pk).update(status="completed", lease_expires_at=None)
+    assert tasks.jobs_resume() == 1
+    [(task, args)] = _tasks_sent()
+    assert task == "chat.tasks.job_run" and str(stalled.pk) in args
+    assert held.pk not in jobs.job_ids_stalled()

@@ -1,0 +1,149 @@
+"""deploy/: the Grafana dashboard, the Prometheus rules and scrape config, the nginx example."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+
+import inference.metrics  # noqa: F401  (registers the worker's metrics, as the worker does)
+from scheduler.metrics import WEB_REGISTRY
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DASHBOARD = json.loads((DEPLOY / "grafana" / "dashboard.json").read_text())
+ALERTS = DEPLOY / "prometheus" / "alerts.yml"
+METRIC = re.compile(r"\bllm_[a-z0-9_]+")
+SAMPLE_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_count", "_sum"), "gauge": ("",)}
+
+
+def _panels() -> list[dict]:
+    return [panel for panel in DASHBOARD["panels"] if panel["type"] != "row"]
+
+
+def _dashboard_queries() -> list[str]:
+    return [target["expr"] for panel in _panels() for target in panel["targets"]]
+
+
+def _alert_queries() -> list[str]:
+    rules = yaml.safe_load(ALERTS.read_text())
+    return [rule["expr"] for group in rules["groups"] for rule in group["rules"]]
+
+
+def _promtool(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        pytest.skip("promtool is not installed (Debian: apt-get install prometheus; .ci/run does)")
+    return subprocess.run([promtool, *args], cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def test_the_dashboard_is_a_grafana_dashboard_on_a_chosen_prometheus():
+    assert DASHBOARD["schemaVersion"] >= 39
+    assert DASHBOARD["uid"] and DASHBOARD["title"]
+    variables = {variable["name"]: variable for variable in DASHBOARD["templating"]["list"]}
+    assert variables["datasource"]["type"] == "datasource"
+    assert variables["datasource"]["query"] == "prometheus"
+    ids = [panel["id"] for panel in DASHBOARD["panels"]]
+    assert len(ids) == len(set(ids))
+    for panel in _panels():
+        assert panel["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, panel["title"]
+        position = panel["gridPos"]
+        assert {"h", "w", "x", "y"} <= position.keys() and position["x"] + position["w"] <= 24, panel["title"]
+        ref_ids = [target["refId"] for target in panel["targets"]]
+        assert ref_ids and len(ref_ids) == len(set(ref_ids)), panel["title"]
+
+
+def test_the_dashboard_shows_what_the_issue_asks_for():
+    queries = "\n".join(_dashboard_queries())
+    for metric in (
+        "llm_queue_depth",
+        "llm_admissions_total",
+        "llm_time_to_first_token_seconds_bucket",
+        "llm_inter_token_latency_seconds_bucket",
+        "llm_output_tokens_sum",
+        "llm_worker_running_sequences",
+        "llm_worker_sequence_slots",
+        "llm_worker_kv_cache_usage_ratio",
+        "llm_worker_memory_used_bytes",
+        "llm_canary_split_percent",
+        "llm_canary_rollbacks_total",
+    ):
+        assert metric in queries
+    assert "histogram_quantile(0.95" in queries and "histogram_quantile(0.5" in queries
+
+
+@pytest.mark.django_db
+def test_every_metric_the_dashboard_and_the_alerts_query_is_exported():
+    exported = {
+        family.name + suffix
+        for registry in (REGISTRY, WEB_REGISTRY)
+        for family in registry.collect()
+        for suffix in SAMPLE_SUFFIXES.get(family.type, ())
+    }
+    queried = {name for query in _dashboard_queries() + _alert_queries() for name in METRIC.findall(query)}
+    assert queried - exported == set()
+
+
+def test_the_alerting_rules_are_valid_and_fire_as_their_unit_tests_expect():
+    checked = _promtool("check", "rules", "alerts.yml", cwd=ALERTS.parent)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    tested = _promtool("test", "rules", "alerts_test.yml", cwd=ALERTS.parent)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+
+
+def test_the_scrape_config_is_valid(tmp_path):
+    for name in ("prometheus.yml", "alerts.yml"):
+        shutil.copy(DEPLOY / "prometheus" / name, tmp_path)
+    (tmp_path / "llm-metrics-token").write_text("the METRICS_TOKEN\n")  # the operator's file
+    checked = _promtool("check", "config", "prometheus.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_every_dashboard_query_is_valid_promql(tmp_path):
+    # promtool has no offline query check; a recording rule per query gets the same parser.
+    rules = [
+        {
+            "record": f"dashboard:query_{n}",
+            "expr": expr.replace("$__rate_interval", "5m").replace("$variant", ".*"),
+        }
+        for n, expr in enumerate(_dashboard_queries())
+    ]
+    rules_file = tmp_path / "dashboard_rules.yml"
+    rules_file.write_text(yaml.safe_dump({"groups": [{"name": "dashboard", "rules": rules}]}))
+    checked = _promtool("check", "rules", "dashboard_rules.yml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_the_nginx_example_is_valid(tmp_path):
+    nginx = shutil.which("nginx")
+    if nginx is None:
+        pytest.skip("nginx is not installed (Debian: apt-get install nginx; .ci/run does)")
+    (tmp_path / "logs").mkdir()
+    checked = subprocess.run(
+        [
+            nginx,
+            "-t",
+            "-c",
+            str(DEPLOY / "nginx.conf"),
+            "-p",
+            str(tmp_path),
+            "-g",
+            f"pid {tmp_path}/nginx.pid; error_log {tmp_path}/error.log;",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert checked.returncode == 0, checked.stderr
+
+
+def test_the_nginx_example_streams_answers_unbuffered():
+    config = "\n".join(line.partition("#")[0] for line in (DEPLOY / "nginx.conf").read_text().splitlines())
+    stream = config[config.index("location /chat/stream/") :]
+    stream = stream[: stream.index("}")]
+    assert "proxy_buffering off;" in stream
+    assert "proxy_read_timeout 1h;" in stream
+    assert "proxy_ignore_headers" not in config  # X-Accel-Buffering from the app is honoured

@@ -1,0 +1,173 @@
+"""A candidate that fails 30% of its answers is rolled back by the Celery beat evaluation.
+
+Real processes: redis, daphne, a stable and a candidate inference worker (the candidate's
+simulated engine fails 30% of its requests), and Celery with beat evaluating every 2 s.
+"""
+
+import asyncio
+import json
+import math
+import sqlite3
+import time
+from datetime import datetime, timedelta
+
+import pytest
+import redis
+
+from scheduler import keys
+from scheduler.routing import CACHE_S
+from tests.e2e.client import ChatClient
+from tests.e2e.conftest import running_stack
+
+pytestmark = pytest.mark.e2e
+
+EVALUATION_S = 2.0
+SPLIT_PERCENT = 50
+MIN_ANSWERS = 10
+MAX_ERROR_RATE_INCREASE_POINTS = 5
+GUESTS = 4
+AFTER_ROLLBACK_PER_GUEST = 4
+
+
+@pytest.fixture(scope="module")
+def stack():
+    for stack in running_stack(CANARY_EVALUATION_S=str(EVALUATION_S)):
+        stack.start_worker(INFERENCE_VARIANT="candidate", SIMULATED_FAILURE_RATE="0.3")
+        stack.start_celery()
+        yield stack
+
+
+def _rollout(stack) -> dict | None:
+    with sqlite3.connect(stack.db_path) as db:
+        db.row_factory = sqlite3.Row
+        row = db.execute("SELECT * FROM admin_console_canaryrollout ORDER BY id DESC LIMIT 1").fetchone()
+    return dict(row) if row else None
+
+
+def _answers(stack) -> list[dict]:
+    with sqlite3.connect(stack.db_path) as db:
+        db.row_factory = sqlite3.Row
+        rows = db.execute(
+            "SELECT variant, status, error_code, created_at, completed_at FROM chat_message "
+            "WHERE role = 'assistant' ORDER BY completed_at"
+        ).fetchall()
+    return [dict(row) for row in rows]
+
+
+def _time(value: str) -> datetime:
+    return datetime.fromisoformat(value)
+
+
+def _first_breach(answers: list[dict]) -> datetime:
+    """When the stored answers first showed the error-rate rule broken, as the evaluation
+    counts them (done and failed answers; both variants with enough of them)."""
+    counts = {"stable": [0, 0], "candidate": [0, 0]}  # answers, errors
+    for answer in answers:
+        if answer["status"] not in {"done", "error"}:
+            continue
+        tally = counts[answer["variant"]]
+        tally[0] += 1
+        tally[1] += answer["status"] == "error"
+        (stable_n, stable_e), (cand_n, cand_e) = counts["stable"], counts["candidate"]
+        if min(stable_n, cand_n) >= MIN_ANSWERS and (
+            (cand_e / cand_n - stable_e / stable_n) * 100 > MAX_ERROR_RATE_INCREASE_POINTS
+        ):
+            return _time(answer["completed_at"])
+    raise AssertionError(f"the answers never broke the rule: {counts}")
+
+
+async def _start_canary(stack) -> None:
+    async with ChatClient(stack.base_url) as staff:
+        await staff.login("sam", "sam-demo-pass")
+        await staff.http.get("/console/canary")
+        response = await staff.http.post(
+            "/console/canary/start",
+            data={
+                "csrfmiddlewaretoken": staff.csrf,
+                "candidate_variant": "candidate",
+                "step_percents": f"{SPLIT_PERCENT}, 100",
+                "hold_seconds": "3600",
+                "max_error_rate_increase_points": MAX_ERROR_RATE_INCREASE_POINTS,
+                # Both variants run the same simulated engine: only the error rate may differ.
+                "max_ttft_p95_ratio": 100,
+                "max_thumbs_down_increase_points": 10,
+                "min_answers": MIN_ANSWERS,
+                "min_votes": 5,
+                "window_s": 300,
+            },
+        )
+        assert response.status_code == 302, response.text
+
+
+async def _drive_traffic(stack, deadline_s: float = 120.0) -> None:
+    """Guests ask one question per new conversation until the canary is rolled back, then a
+    few more each."""
+    rolled_back = asyncio.Event()
+
+    async def watch() -> None:
+        while not rolled_back.is_set():
+            rollout = await asyncio.to_thread(_rollout, stack)
+            if rollout["status"] == "rolled_back":
+                rolled_back.set()
+            await asyncio.sleep(0.2)
+
+    async def guest(n: int) -> None:
+        async with ChatClient(stack.base_url) as client:
+            started, after = time.monotonic(), 0
+            while after < AFTER_ROLLBACK_PER_GUEST and time.monotonic() - started < deadline_s:
+                if rolled_back.is_set():
+                    after += 1
+                conversation = await client.new_conversation()
+                request_id = await client.ask(conversation, f"Guest {n}: where is my order?")
+                result = await client.stream(request_id)
+                assert result.terminal is not None
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.gather(*(guest(n) for n in range(GUESTS)))
+    finally:
+        rolled_back.set()
+        await watcher
+
+
+def test_a_failing_candidate_is_rolled_back_within_two_evaluations_having_served_its_share(stack):
+    asyncio.run(_start_canary(stack))
+    asyncio.run(_drive_traffic(stack))
+
+    rollout = _rollout(stack)
+    assert (rollout["status"], rollout["automatic"], rollout["rollback_reason"]) == (
+        "rolled_back",
+        1,
+        "error_rate",
+    )
+    answers = _answers(stack)
+    rolled_back_at = _time(rollout["ended_at"])
+
+    # Within two evaluation periods of the answers first breaking the rule.
+    assert rolled_back_at - _first_breach(answers) <= timedelta(seconds=2 * EVALUATION_S)
+
+    # The rollback kept the numbers that triggered it.
+    numbers = json.loads(rollout["rollback_numbers"])
+    assert numbers["split_percent"] == SPLIT_PERCENT
+    candidate, stable = numbers["candidate"], numbers["stable"]
+    assert min(candidate["answers"], stable["answers"]) >= MIN_ANSWERS
+    assert stable["errors"] == 0
+    assert (candidate["error_rate"] - stable["error_rate"]) * 100 > MAX_ERROR_RATE_INCREASE_POINTS
+    assert {c["rule"]: c["state"] for c in numbers["checks"]}["error_rate"] == "breached"
+
+    # No more than its split's share while it ran (within the sampling noise of a fair split),
+    # and nothing new once the rollback reached routing.
+    during = [a for a in answers if _time(a["created_at"]) < rolled_back_at]
+    share = sum(a["variant"] == "candidate" for a in during) / len(during)
+    assert share <= SPLIT_PERCENT / 100 + 3 * math.sqrt(0.25 / len(during))
+    after = [a for a in answers if _time(a["created_at"]) > rolled_back_at + timedelta(seconds=CACHE_S)]
+    assert len(after) >= GUESTS
+    assert {a["variant"] for a in after} == {"stable"}
+
+    # Each failure ended as an engine error, acknowledged rather than retried.
+    failed = [a for a in answers if a["status"] == "error"]
+    assert failed and {(a["variant"], a["error_code"]) for a in failed} == {("candidate", "engine_error")}
+    client = redis.Redis.from_url(stack.redis.url)
+    for tier in keys.TIERS:
+        assert client.xpending(keys.queue("candidate", tier), keys.CONSUMER_GROUP)["pending"] == 0
+    assert client.xlen(keys.dead_letter("candidate")) == 0

@@ -1,0 +1,135 @@
+"""The OpenAI-compatible API through the official `openai` client, against the real processes."""
+
+from __future__ import annotations
+
+import json
+import logging
+import subprocess
+import time
+import uuid
+
+import openai
+import pytest
+import redis
+
+from scheduler import keys
+from tests.e2e.conftest import running_stack
+from tests.processes import manage
+
+pytestmark = pytest.mark.e2e
+
+logger = logging.getLogger(__name__)
+QUESTION = [{"role": "user", "content": "Where is my parcel?"}]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    yield from running_stack(
+        # Normal keys may send 3 calls at once, then one a second: a flood shows within a second.
+        RATE_LIMIT_NORMAL_CAPACITY="3",
+        RATE_LIMIT_NORMAL_REFILL_PER_S="1",
+        API_DISCONNECT_GRACE_S="0",
+        SIMULATED_OUTPUT_TOKENS="400",  # long enough to drop mid-answer; other calls ask for few
+    )
+
+
+@pytest.fixture(scope="module")
+def vip_key(stack) -> str:
+    return stack.create_api_key("victor")
+
+
+def _client(stack, key: str, **options) -> openai.OpenAI:
+    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key=key, max_retries=0, **options)
+
+
+def test_models_list_names_the_variant_the_worker_serves(stack, vip_key):
+    models = _client(stack, vip_key).models.list()
+    assert [(m.id, m.owned_by) for m in models.data] == [("stable", "simulated")]
+
+
+def test_a_completion_returns_the_answer_with_usage_and_finish_reason(stack, vip_key):
+    completion = _client(stack, vip_key).chat.completions.create(
+        model="stable", messages=QUESTION, max_tokens=12
+    )
+    [choice] = completion.choices
+    assert choice.message.role == "assistant"
+    assert choice.message.content.startswith("[simulated] You asked: Where is my parcel?")
+    assert choice.finish_reason == "length"
+    assert completion.model == "stable"
+    assert completion.usage.completion_tokens == 12
+    assert completion.usage.total_tokens == completion.usage.prompt_tokens + 12
+
+
+def test_a_streamed_completion_yields_the_answer_in_chunks_then_usage(stack, vip_key):
+    stream = _client(stack, vip_key).chat.completions.create(
+        model="stable",
+        messages=QUESTION,
+        max_tokens=12,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.startswith("[simulated] You asked: Where is my parcel?")
+    assert len([c for c in chunks if c.choices and c.choices[0].delta.content]) > 1
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        "length"
+    ]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 12
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_a_wrong_or_revoked_key_raises_authentication_error(stack):
+    with pytest.raises(openai.AuthenticationError) as wrong:
+        _client(stack, "sk-" + "x" * 43).chat.completions.create(model="stable", messages=QUESTION)
+    assert wrong.value.code == "invalid_api_key"
+    key = stack.create_api_key("alice")
+    assert _client(stack, key).models.list().data
+    assert manage("apikey", "revoke", key[:11], env=stack.env, stdout=subprocess.DEVNULL).wait() == 0
+    with pytest.raises(openai.AuthenticationError):
+        _client(stack, key).models.list()
+
+
+def test_a_flood_raises_rate_limit_error_and_the_client_honours_retry_after(stack):
+    key = stack.create_api_key("alice")  # normal tier: 3 at once, then one a second
+    plain = _client(stack, key)
+    with pytest.raises(openai.RateLimitError) as refused:
+        for _ in range(10):
+            plain.chat.completions.create(model="stable", messages=QUESTION, max_tokens=1)
+    assert refused.value.code == "rate_limit_exceeded"
+    assert int(refused.value.response.headers["retry-after"]) >= 1
+
+    # With one retry allowed, the client waits as long as Retry-After says and then succeeds.
+    statuses: list[int] = []
+    http = openai.DefaultHttpxClient(event_hooks={"response": [lambda r: statuses.append(r.status_code)]})
+    patient = _client(stack, key, http_client=http).with_options(max_retries=1)
+    for _ in range(5):
+        statuses.clear()
+        started = time.monotonic()
+        completion = patient.chat.completions.create(model="stable", messages=QUESTION, max_tokens=1)
+        if statuses == [429, 200]:
+            logger.info(
+                "refused, then served after %.2f s (Retry-After honoured)", time.monotonic() - started
+            )
+            break
+    assert statuses == [429, 200]
+    assert completion.choices[0].message.content
+
+
+def test_a_client_that_drops_a_stream_cancels_its_generation(stack, vip_key):
+    stream = _client(stack, vip_key).chat.completions.create(
+        model="stable", messages=QUESTION, max_tokens=400, stream=True
+    )
+    first = [next(stream) for _ in range(3)]
+    stream.close()  # the connection goes; with a grace of 0 the worker stops the answer
+    request_id = str(uuid.UUID(first[0].id.removeprefix("chatcmpl-")))
+    results = redis.Redis.from_url(stack.redis.url, decode_responses=True)
+    deadline = time.monotonic() + 15
+    done = None
+    while done is None and time.monotonic() < deadline:
+        events = results.xrange(keys.result("stable", request_id))
+        done = next((json.loads(f["data"]) for _, f in events if f["type"] == "done"), None)
+        time.sleep(0.2)
+    assert done is not None, "the generation did not end"
+    assert done["finish_reason"] == "cancelled"
+    assert done["usage"]["completion_tokens"] < 400

@@ -1,0 +1,216 @@
+import asyncio
+
+import pytest
+import redis
+from django.test import override_settings
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler import metrics, routing, workers
+from scheduler.admission import AdmissionRefused, request_submit
+from scheduler.models import CanaryRouting
+from scheduler.policy import tier_policy
+from scheduler.queues import job_enqueue
+from scheduler.redis import new_async_redis
+from scheduler.results import ResultFollower
+
+pytestmark = pytest.mark.django_db
+
+
+def _scrape() -> dict[tuple[str, frozenset], float]:
+    """The web's /metrics text, as {(sample name, labels): value}."""
+    samples = {}
+    for family in text_string_to_metric_families(metrics.web_exposition().decode()):
+        for sample in family.samples:
+            samples[(sample.name, frozenset(sample.labels.items()))] = sample.value
+    return samples
+
+
+def _value(samples: dict, name: str, **labels: str) -> float | None:
+    return samples.get((name, frozenset(labels.items())))
+
+
+def _admissions(**labels: str) -> float:
+    return metrics.WEB_REGISTRY.get_sample_value("llm_admissions_total", labels) or 0.0
+
+
+def _enqueue(request_id: str, tier: str, variant: str = "stable") -> None:
+    job_enqueue(
+        variant=variant,
+        tier=tier,
+        request_id=request_id,
+        payload={"messages": []},
+        max_queued=100,
+        wait_slo_s=1000,
+        max_wait_s=60,
+    )
+
+
+def _heartbeat(worker_id: str, *, jobs_per_s: float, normal_jobs_per_s: float) -> None:
+    info = {
+        "variant": "stable",
+        "engine": "simulated",
+        "slots": 8,
+        "running": 3,
+        "draining": False,
+        "engine_waiting": 1,
+        "kv_cache_usage": 0.25,
+        "memory_used_bytes": 300_000_000,
+        "memory_total_bytes": 8_000_000_000,
+        "memory_source": "process-rss",
+    }
+
+    async def write() -> None:
+        client = new_async_redis()
+        try:
+            await workers.heartbeat_write(
+                client,
+                worker_id=worker_id,
+                info=info,
+                jobs_per_s=jobs_per_s,
+                normal_jobs_per_s=normal_jobs_per_s,
+            )
+        finally:
+            await client.aclose()
+
+    asyncio.run(write())
+
+
+def test_admissions_are_counted_by_tier_outcome_and_reason():
+    admitted = _admissions(tier="normal", outcome="admitted", reason="")
+    refused = _admissions(tier="normal", outcome="rate_limited", reason="too_many_in_progress")
+    limit = tier_policy("normal").max_concurrent_per_user
+    for n in range(limit):
+        request_submit(request_id=f"r{n}", client_id="c1", tier="normal", variant="stable", payload={})
+    with pytest.raises(AdmissionRefused):
+        request_submit(request_id="over", client_id="c1", tier="normal", variant="stable", payload={})
+
+    assert _admissions(tier="normal", outcome="admitted", reason="") == admitted + limit
+    assert _admissions(tier="normal", outcome="rate_limited", reason="too_many_in_progress") == refused + 1
+
+
+@pytest.mark.parametrize(
+    ("status", "reason", "outcome"),
+    [
+        (503, "queue_full", "overloaded"),
+        (503, "wait_over_slo", "overloaded"),
+        (503, "scheduler_unavailable", "unavailable"),
+        (429, "rate_limited_global", "rate_limited"),
+    ],
+)
+def test_refusals_are_told_apart_by_what_the_client_can_do(status, reason, outcome):
+    before = _admissions(tier="vip", outcome=outcome, reason=reason)
+    metrics.admission_record(tier="vip", status=status, reason=reason)
+    assert _admissions(tier="vip", outcome=outcome, reason=reason) == before + 1
+
+
+def test_a_scrape_reads_queues_workers_and_policies_from_redis():
+    for n in range(2):
+        _enqueue(f"normal-{n}", "normal")
+    _enqueue("vip-0", "vip")
+    _heartbeat("w1", jobs_per_s=4.0, normal_jobs_per_s=2.0)
+
+    samples = _scrape()
+
+    assert _value(samples, "llm_scheduler_redis_up") == 1
+    assert _value(samples, "llm_queue_depth", variant="stable", tier="normal") == 2
+    assert _value(samples, "llm_queue_depth", variant="stable", tier="vip") == 1
+    assert _value(samples, "llm_queue_depth", variant="stable", tier="batch") == 0
+    # A normal request waits behind the VIP queue too: 3 jobs at the 2 normal jobs/s reported.
+    assert _value(samples, "llm_queue_predicted_wait_seconds", variant="stable", tier="normal") == 1.5
+    assert _value(samples, "llm_queue_predicted_wait_seconds", variant="stable", tier="vip") == 0.25
+    assert _value(samples, "llm_queue_drain_rate_jobs_per_second", variant="stable", tier="vip") == 4.0
+    for tier in ("vip", "normal", "batch"):
+        assert _value(samples, "llm_queue_wait_slo_seconds", tier=tier) == tier_policy(tier).wait_slo_s
+    assert _value(samples, "llm_workers_live", variant="stable") == 1
+    worker = {"worker": "w1", "variant": "stable", "engine": "simulated"}
+    assert _value(samples, "llm_worker_running_sequences", **worker) == 3
+    assert _value(samples, "llm_worker_sequence_slots", **worker) == 8
+    assert _value(samples, "llm_worker_engine_waiting_sequences", **worker) == 1
+    assert _value(samples, "llm_worker_kv_cache_usage_ratio", **worker) == 0.25
+    assert _value(samples, "llm_worker_draining", **worker) == 0
+    assert _value(samples, "llm_worker_memory_used_bytes", **worker, source="process-rss") == 300_000_000
+    assert _value(samples, "llm_worker_memory_total_bytes", **worker, source="process-rss") == 8_000_000_000
+    assert _value(samples, "llm_canary_split_percent", stable="stable", candidate="") == 0
+
+
+def test_a_canary_candidate_without_workers_shows_as_a_variant_with_none_live():
+    CanaryRouting.objects.update_or_create(
+        pk=1, defaults={"stable_variant": "stable", "candidate_variant": "next", "split_percent": 10}
+    )
+    routing.canary_mirror()
+    _heartbeat("w1", jobs_per_s=4.0, normal_jobs_per_s=2.0)
+    _enqueue("canary-0", "normal", variant="next")
+
+    samples = _scrape()
+
+    assert _value(samples, "llm_canary_split_percent", stable="stable", candidate="next") == 10
+    assert _value(samples, "llm_workers_live", variant="stable") == 1
+    assert _value(samples, "llm_workers_live", variant="next") == 0
+    assert _value(samples, "llm_queue_depth", variant="next", tier="normal") == 1
+
+
+def test_a_scrape_without_redis_still_answers_and_says_so(monkeypatch):
+    def unreachable():
+        raise redis.ConnectionError("Connection refused")
+
+    monkeypatch.setattr(metrics, "canary_split", unreachable)
+
+    samples = _scrape()
+
+    assert _value(samples, "llm_scheduler_redis_up") == 0
+    assert not any(name == "llm_queue_depth" for name, _ in samples)
+    assert any(name.startswith("process_") or name.startswith("python_") for name, _ in samples)
+
+
+def test_stream_clients_count_the_clients_following_a_result_stream():
+    def clients() -> float:
+        return metrics.WEB_REGISTRY.get_sample_value("llm_stream_clients")
+
+    async def follow() -> tuple[float, float, float]:
+        before = clients()
+        follower = ResultFollower()
+        async with (
+            follower.subscribe(variant="stable", request_id="r1", after_id="0-0"),
+            follower.subscribe(variant="stable", request_id="r1", after_id="0-0"),
+        ):
+            during = clients()
+        return before, during, clients()
+
+    before, during, after = asyncio.run(follow())
+    assert (during - before, after - before) == (2, 0)
+
+
+# --- who may scrape -------------------------------------------------------------------------------
+
+
+def _refusal(peer: str, *, authorization: str | None = None, forwarded_for: str | None = None):
+    return metrics.scrape_refusal(authorization=authorization, peer_address=peer, forwarded_for=forwarded_for)
+
+
+def test_without_a_token_only_the_allowed_networks_may_scrape():
+    assert _refusal("127.0.0.1") is None
+    assert _refusal("::1") is None
+    assert _refusal("::ffff:127.0.0.1") is None  # IPv4 loopback through a dual-stack socket
+    assert _refusal("10.1.2.3") == 403
+    assert _refusal("") == 403
+    with override_settings(METRICS_ALLOWED_NETWORKS=["10.0.0.0/8"]):
+        assert _refusal("10.1.2.3") is None
+        assert _refusal("127.0.0.1") == 403
+
+
+def test_a_forwarded_request_counts_only_through_a_trusted_proxy():
+    # A proxy on this host must not make an outside client look like loopback.
+    assert _refusal("127.0.0.1", forwarded_for="203.0.113.9") == 403
+    assert _refusal("127.0.0.1", forwarded_for="127.0.0.1") == 403
+    with override_settings(TRUSTED_PROXIES=["127.0.0.1"]):
+        assert _refusal("127.0.0.1", forwarded_for="203.0.113.9") == 403
+        assert _refusal("127.0.0.1", forwarded_for="203.0.113.9, 127.0.0.1") is None
+
+
+@override_settings(METRICS_TOKEN="s3cret-token")
+def test_with_a_token_set_only_the_token_opens_the_metrics():
+    assert _refusal("127.0.0.1") == 401
+    assert _refusal("127.0.0.1", authorization="Bearer wrong") == 401
+    assert _refusal("127.0.0.1", authorization="Basic s3cret-token") == 401
+    assert _refusal("203.0.113.9", authorization="Bearer s3cret-token") is None
+    assert _refusal("203.0.113.9", authorization="bearer s3cret-token") is None

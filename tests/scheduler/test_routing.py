@@ -1,0 +1,74 @@
+"""Canary routing: the split decides per conversation, stickily, from the Redis mirror."""
+
+import uuid
+
+import pytest
+from django.test import override_settings
+
+from scheduler import keys, routing
+from scheduler.models import CanaryRouting
+from scheduler.redis import sync_redis
+from scheduler.routing import canary_mirror, conversation_bucket, variant_for
+
+pytestmark = pytest.mark.django_db
+
+CONVERSATIONS = [str(uuid.uuid4()) for _ in range(2000)]
+
+
+def _split(percent: int, candidate: str = "candidate", salt: str = "s1") -> None:
+    row = CanaryRouting.load()
+    row.candidate_variant, row.split_percent, row.salt = candidate, percent, salt
+    row.save()
+    canary_mirror()
+
+
+def _candidate_share() -> float:
+    return sum(variant_for(conversation_id=c) == "candidate" for c in CONVERSATIONS) / len(CONVERSATIONS)
+
+
+def test_without_a_canary_every_conversation_goes_to_the_default_variant():
+    assert {variant_for(conversation_id=c) for c in CONVERSATIONS[:50]} == {"stable"}
+
+
+@pytest.mark.parametrize("percent", [0, 5, 30, 100])
+def test_the_candidate_gets_its_split_of_conversations(percent):
+    _split(percent)
+    assert _candidate_share() == pytest.approx(percent / 100, abs=0.03)
+
+
+def test_a_conversation_keeps_its_variant_and_raising_the_split_only_moves_stable_ones():
+    _split(20)
+    at_20 = {c: variant_for(conversation_id=c) for c in CONVERSATIONS}
+    assert at_20 == {c: variant_for(conversation_id=c) for c in CONVERSATIONS}
+    routing._cache.clear()
+    _split(50)
+    at_50 = {c: variant_for(conversation_id=c) for c in CONVERSATIONS}
+    assert all(at_50[c] == "candidate" for c, variant in at_20.items() if variant == "candidate")
+    assert sum(at_50[c] != at_20[c] for c in CONVERSATIONS) == pytest.approx(
+        0.3 * len(CONVERSATIONS), rel=0.15
+    )
+
+
+def test_each_canary_salt_tries_a_different_share_of_conversations():
+    first = {c for c in CONVERSATIONS if conversation_bucket(conversation_id=c, salt="a") < 10}
+    second = {c for c in CONVERSATIONS if conversation_bucket(conversation_id=c, salt="b") < 10}
+    assert len(first & second) < len(first) / 3
+
+
+def test_a_lost_mirror_is_rebuilt_from_the_database():
+    _split(100)
+    sync_redis().delete(keys.CANARY)
+    routing._cache.clear()
+    assert variant_for(conversation_id=CONVERSATIONS[0]) == "candidate"
+    assert sync_redis().hget(keys.CANARY, "split_percent") == "100"
+
+
+def test_with_redis_unreachable_the_split_is_read_from_the_database():
+    _split(100)
+    routing._cache.clear()
+    sync_redis.cache_clear()
+    try:
+        with override_settings(REDIS_URL="redis://127.0.0.1:1/0"):
+            assert variant_for(conversation_id=CONVERSATIONS[0]) == "candidate"
+    finally:
+        sync_redis.cache_clear()
