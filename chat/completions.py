@@ -98,30 +98,32 @@ async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
         variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
     ) as subscription:
         parts: list[str] = []
+        done = None
         try:
             async with asyncio.timeout(submitted.wait_limit_s):
-                while True:
-                    event = await subscription.events.get()
-                    if event.type == "token":
-                        parts.append(event.data["text"])
-                    elif event.type == "reset":
-                        parts.clear()
-                    elif event.type == "error":
-                        raise generation_error(event.data["code"], event.data["message"])
-                    elif event.type == "done":
-                        break
+                while done is None:
+                    for event in await subscription.next_batch(submitted.wait_limit_s):
+                        if event.type == "token":
+                            parts.append(event.data["text"])
+                        elif event.type == "reset":
+                            parts.clear()
+                        elif event.type == "error":
+                            raise generation_error(event.data["code"], event.data["message"])
+                        elif event.type == "done":
+                            done = event
+                            break
         except TimeoutError:
             await _cancel(submitted.request_id)
             raise _wait_limit_error(submitted) from None
-    if event.data["finish_reason"] == "cancelled":
+    if done.data["finish_reason"] == "cancelled":
         raise _cancelled()
     return completion_object(
         request_id=submitted.request_id,
         created=submitted.created,
         model=submitted.variant,
         text="".join(parts),
-        finish_reason=event.data["finish_reason"],
-        usage=event.data.get("usage") or {},
+        finish_reason=done.data["finish_reason"],
+        usage=done.data.get("usage") or {},
     )
 
 
@@ -130,15 +132,6 @@ def _json(data: dict[str, Any]) -> bytes:
 
 
 DONE = sse_data("[DONE]")
-
-
-async def _next_events(queue: asyncio.Queue[ResultEvent], timeout_s: float) -> list[ResultEvent]:
-    """The next event and whatever else has already arrived, so tokens of one engine step
-    go out as one chunk."""
-    events = [await asyncio.wait_for(queue.get(), timeout_s)]
-    while not queue.empty():
-        events.append(queue.get_nowait())
-    return events
 
 
 async def completion_stream(submitted: SubmittedCompletion, *, include_usage: bool) -> AsyncIterator[bytes]:
@@ -160,7 +153,7 @@ async def completion_stream(submitted: SubmittedCompletion, *, include_usage: bo
                 yield DONE
                 return
             try:
-                events = await _next_events(subscription.events, min(settings.SSE_HEARTBEAT_S, left_s))
+                events = await subscription.next_batch(min(settings.SSE_HEARTBEAT_S, left_s))
             except TimeoutError:
                 yield sse_comment("keep-alive")  # proxies close connections that stay silent
                 continue

@@ -5,7 +5,6 @@ queue it sends `status` events with the position and ETA, and a heartbeat commen
 the stream has been quiet for the heartbeat interval.
 """
 
-import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -57,7 +56,7 @@ async def relay_events(*, variant: str, request_id: str, after_id: str) -> Async
             if queued is not None:
                 wait = min(wait, status_s - (now - last_status))
             try:
-                event = await asyncio.wait_for(subscription.events.get(), timeout=max(wait, 0))
+                events = await subscription.next_batch(max(wait, 0))
             except TimeoutError:
                 now = time.monotonic()
                 if queued is not None and now - last_status >= status_s:
@@ -68,17 +67,22 @@ async def relay_events(*, variant: str, request_id: str, after_id: str) -> Async
                     yield sse_comment("heartbeat")
                     last_write = now
                 continue
-            if event.type == "queued":
-                queued = (event.data["tier"], int(event.data["seq"]))
-                status = await _queued_status(variant, *queued)
-                frame = sse_event("status", status, event.id)
-                last_status = time.monotonic()
-            else:
+            frames: list[bytes] = []
+            for event in events:
+                if event.type == "queued":
+                    queued = (event.data["tier"], int(event.data["seq"]))
+                    frames.append(sse_event("status", await _queued_status(variant, *queued), event.id))
+                    last_status = time.monotonic()
+                    continue
                 if event.type == "start":
                     queued = None
                 frame = _sse_for(event)
-            if frame is not None:
-                yield frame
+                if frame is not None:
+                    frames.append(frame)
+                if event.type in TERMINAL_EVENTS:
+                    yield b"".join(frames)
+                    return
+            if frames:
+                # Everything that arrived together goes out in one write.
+                yield b"".join(frames)
                 last_write = time.monotonic()
-            if event.type in TERMINAL_EVENTS:
-                return

@@ -200,13 +200,14 @@ def message_feedback(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
 
 @require_GET
 async def stream(request: HttpRequest, request_id: UUID) -> HttpResponse:
-    user = await request.auser()
+    def owned_message() -> Message:
+        user, session_key = _client(request)
+        return selectors.assistant_message_get(request_id=request_id, user=user, session_key=session_key)
+
     try:
-        message = await sync_to_async(selectors.assistant_message_get)(
-            request_id=request_id,
-            user=user if user.is_authenticated else None,
-            session_key=request.session.session_key,
-        )
+        # One hop to a shared thread for the session, user and ownership reads together: a
+        # thread-sensitive hop would start and join a thread for every stream.
+        message = await sync_to_async(owned_message, thread_sensitive=False)()
     except Message.DoesNotExist as exc:
         raise Http404("No such request.") from exc
     events = relay_events(

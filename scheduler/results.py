@@ -102,13 +102,26 @@ class _Subscription:
     def __init__(self, key: str, after_id: str) -> None:
         self.key = key
         self.cursor = after_id
-        self.events: asyncio.Queue[ResultEvent] = asyncio.Queue()
+        self._pending: list[ResultEvent] = []
+        self._arrived = asyncio.Event()
 
     def deliver(self, entries: list[tuple[str, dict[str, str]]]) -> None:
         for entry_id, fields in entries:
             if _id_key(entry_id) > _id_key(self.cursor):
-                self.events.put_nowait(ResultEvent(entry_id, fields["type"], json.loads(fields["data"])))
+                self._pending.append(ResultEvent(entry_id, fields["type"], json.loads(fields["data"])))
                 self.cursor = entry_id
+        if self._pending:
+            self._arrived.set()
+
+    async def next_batch(self, timeout_s: float) -> list[ResultEvent]:
+        """Every event that has arrived, waiting up to `timeout_s` for the first (else
+        TimeoutError): a reader that fell behind catches up in one write, not one per token."""
+        if not self._pending:
+            self._arrived.clear()
+            async with asyncio.timeout(timeout_s):
+                await self._arrived.wait()
+        batch, self._pending = self._pending, []
+        return batch
 
 
 class ResultFollower:

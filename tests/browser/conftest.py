@@ -23,7 +23,9 @@ CHROMIUM_ARGS = [
 TIMEOUT_MS = 20_000
 
 
-@pytest.fixture(scope="session")
+# Per module, not per session: while Playwright's sync API is open, its event loop counts as
+# running in the main thread, and the e2e tests' asyncio.run() would refuse to start.
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     if not CHROMIUM.exists():
         pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (see .ci/run)")

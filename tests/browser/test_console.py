@@ -95,7 +95,8 @@ def test_the_dashboard_queue_depth_rises_under_load_and_falls_after(staff_page, 
 
 def _variant_of_a_new_conversation(page: Page) -> str:
     page.goto("/")
-    page.get_by_role("button", name="New chat").click()
+    with page.expect_navigation():
+        page.get_by_role("button", name="New chat").click()
     page.get_by_label("Your message").fill("Which model answers me?")
     page.keyboard.press("Enter")
     answer = page.locator(".bubble--assistant").last

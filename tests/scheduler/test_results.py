@@ -12,11 +12,9 @@ def test_malformed_event_ids_resume_from_the_beginning():
 
 async def _collect(subscription, until: str):
     events = []
-    while True:
-        event = await asyncio.wait_for(subscription.events.get(), 5)
-        events.append(event)
-        if event.type == until:
-            return events
+    while not events or events[-1].type != until:
+        events += await subscription.next_batch(5)
+    return events
 
 
 def test_followers_get_every_event_in_order_from_their_own_cursor():
@@ -29,7 +27,9 @@ def test_followers_get_every_event_in_order_from_their_own_cursor():
             async with follower.subscribe(variant="v", request_id="a", after_id="0-0") as early:
                 for n in range(3):
                     publisher.emit("v", "a", "token", {"seq": n, "text": f"t{n} "})
-                first_three = [await asyncio.wait_for(early.events.get(), 5) for _ in range(3)]
+                first_three = await _collect(early, "token")
+                while len(first_three) < 3:
+                    first_three += await early.next_batch(5)
                 async with follower.subscribe(
                     variant="v", request_id="a", after_id=first_three[0].id
                 ) as late:
