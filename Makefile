@@ -10,6 +10,7 @@ INFERENCE_ENGINE ?= vllm
 export INFERENCE_ENGINE
 
 .PHONY: run test install install-vllm model lint bench clean
+SCENARIO ?= overhead
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +50,11 @@ run: install
 test: install-vllm
 	$(BIN)/python manage.py prepare_model
 	$(BIN)/python -m pytest
+
+# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling` (docs/BENCHMARKS.md).
+bench: install-vllm model
+	$(BIN)/pip install --quiet -e '.[bench]'
+	$(BIN)/python -m bench $(SCENARIO)
 
 lint: install
 	$(BIN)/ruff check .

@@ -128,7 +128,7 @@ GENERATION_TEMPERATURE = env_float("GENERATION_TEMPERATURE", 0.7)
 GENERATION_TOP_P = env_float("GENERATION_TOP_P", 0.95)
 GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
 SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
-SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 1.0)
+SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 2.0)
 RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
 
 # --- OpenAI-compatible API and batch jobs ----------------------------------------------------

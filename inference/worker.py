@@ -26,7 +26,7 @@ from chat import services as chat_services
 from chat.models import Message
 from inference import metrics as worker_metrics
 from inference.engines import build_engine
-from inference.engines.base import Engine, EngineDeadError, EngineRequestError, GenerationRequest
+from inference.engines.base import Delta, Engine, EngineDeadError, EngineRequestError, GenerationRequest
 from scheduler import control, timeseries, workers
 from scheduler.admission import request_finished
 from scheduler.queues import Job, JobQueue
@@ -266,18 +266,17 @@ class InferenceWorker:
         started = time.monotonic()
         ttft_ms: float | None = None
         finish_reason = "stop"
-        usage = {"prompt_tokens": 0, "completion_tokens": 0}
+        last: Delta | None = None
         try:
             async with asyncio.timeout(self.config.generation_timeout_s):
-                async for delta in self.engine.generate(request):
-                    if delta.text:
+                async for last in self.engine.generate(request):
+                    if last.text:
                         if ttft_ms is None:
                             ttft_ms = (time.monotonic() - started) * 1000
-                        self._emit(job, "token", {"seq": len(entry.text), "text": delta.text})
-                        entry.text.append(delta.text)
-                    usage = {"prompt_tokens": delta.prompt_tokens, "completion_tokens": delta.output_tokens}
-                    if delta.finish_reason is not None:
-                        finish_reason = delta.finish_reason
+                        self._emit(job, "token", {"seq": len(entry.text), "text": last.text})
+                        entry.text.append(last.text)
+                    if last.finish_reason is not None:
+                        finish_reason = last.finish_reason
         except TimeoutError:
             await self._finish(
                 job,
@@ -299,7 +298,7 @@ class InferenceWorker:
                 status=Message.Status.ERROR,
                 error_code="engine_error",
                 error_message="Sorry, the model failed while writing this answer. Please try again.",
-                usage=usage,
+                usage=_usage(last),
                 timings=self._timings(job, started, ttft_ms),
             )
             return
@@ -317,7 +316,7 @@ class InferenceWorker:
             text="".join(entry.text),
             status=status,
             finish_reason=finish_reason,
-            usage=usage,
+            usage=_usage(last),
             timings=self._timings(job, started, ttft_ms),
         )
 
@@ -515,3 +514,10 @@ class InferenceWorker:
                 logger.warning("worker %s: redis unavailable (%s); retrying", self.worker_id, exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+def _usage(last: Delta | None) -> dict[str, int]:
+    """Token counts as OpenAI reports them, from the last delta (its counts are cumulative)."""
+    if last is None:
+        return {"prompt_tokens": 0, "completion_tokens": 0}
+    return {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.output_tokens}

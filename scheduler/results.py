@@ -26,7 +26,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from scheduler import keys, metrics
-from scheduler.redis import new_async_redis
+from scheduler.redis import async_script, new_async_redis
 
 logger = logging.getLogger(__name__)
 
@@ -52,11 +52,27 @@ class ResultEvent:
     data: dict[str, Any]
 
 
+# One call writes a whole batch: the per-command cost of a pipeline (packing, parsing a reply
+# per entry) is what limits a worker streaming to thousands of clients.
+_PUBLISH = """
+-- KEYS: the stream of each event; ARGV: ttl_s, then (type, data) per event
+for i = 1, #KEYS do
+  local kind = ARGV[2 * i]
+  redis.call('XADD', KEYS[i], '*', 'type', kind, 'data', ARGV[2 * i + 1])
+  if kind == 'start' or kind == 'done' or kind == 'error' then
+    redis.call('EXPIRE', KEYS[i], ARGV[1])
+  end
+end
+return #KEYS
+"""
+
+
 class ResultPublisher:
-    """Worker side. `emit` buffers; a single task writes each buffer in one pipeline."""
+    """Worker side. `emit` buffers; a single task writes each buffer in one script call."""
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
+        self._publish = async_script(client, _PUBLISH)
         self._buffer: list[tuple[str, str, str]] = []
         self._written: asyncio.Future[None] | None = None
         self._wakeup = asyncio.Event()
@@ -83,13 +99,11 @@ class ResultPublisher:
         """Write one batch, retrying through a Redis restart: tokens are late, never lost."""
         attempt = 0
         while True:
+            args: list[str | int] = [settings.RESULT_TTL_S]
+            for _, kind, data in batch:
+                args += [kind, data]
             try:
-                async with self.client.pipeline(transaction=False) as pipe:
-                    for stream, kind, data in batch:
-                        pipe.xadd(stream, {"type": kind, "data": data})
-                        if kind in TERMINAL_EVENTS or kind == "start":
-                            pipe.expire(stream, settings.RESULT_TTL_S)
-                    await pipe.execute()
+                await self._publish(keys=[stream for stream, _, _ in batch], args=args)
                 return
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 delay = _RETRY_DELAYS_S[min(attempt, len(_RETRY_DELAYS_S) - 1)]

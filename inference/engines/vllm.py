@@ -15,6 +15,7 @@ import torch
 from vllm import SamplingParams, TokensPrompt
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMValidationError
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
@@ -22,7 +23,7 @@ from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
-from inference.engines.base import Delta, EngineDeadError, EngineStats, GenerationRequest
+from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 
 # vLLM also reports "repetition" (a loop detector stopped the request): to the user the
 # answer simply ended, so it counts as "stop".
@@ -121,8 +122,12 @@ class VllmEngine:
         engine = self._require_engine()
         prompt_token_ids = self._encode_chat(engine, request.messages)
         # The renderer checks the prompt against max_model_len and turns it into the engine's
-        # input type (vLLM deprecates handing it raw prompts).
-        (engine_input,) = engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt_token_ids)])
+        # input type (vLLM deprecates handing it raw prompts). A prompt it rejects fails this
+        # request only: retrying it elsewhere would fail the same way.
+        try:
+            (engine_input,) = engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt_token_ids)])
+        except VLLMValidationError as exc:
+            raise EngineRequestError(f"vLLM rejected the request: {exc}") from exc
         sampling_params = SamplingParams(
             max_tokens=request.max_tokens,
             temperature=request.temperature,
