@@ -8,6 +8,8 @@ import os
 import random
 import tempfile
 import time
+import uuid
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -185,7 +187,8 @@ def _median(values: list[float]) -> float:
 
 
 def _delivery(traces: list, started_at: float) -> dict:
-    """Tokens delivered per second from the moment every stream could start, and ITL p99."""
+    """Tokens delivered per second from the moment every stream could start; per stream, the
+    time from that moment to its first and its last token; and the gaps between tokens."""
     times = [t for trace in traces for t in trace.token_times]
     itls = [b - a for trace in traces for a, b in zip(trace.token_times, trace.token_times[1:], strict=False)]
     return {
@@ -193,8 +196,27 @@ def _delivery(traces: list, started_at: float) -> dict:
         "completed": sum(trace.outcome == "done" for trace in traces),
         "tokens": len(times),
         "tokens_per_s": len(times) / (max(times) - started_at) if times else 0.0,
+        "first_token_s": distribution([t.token_times[0] - started_at for t in traces if t.token_times]),
+        "last_token_s": distribution([t.token_times[-1] - started_at for t in traces if t.token_times]),
         "itl_s": distribution(itls),
     }
+
+
+async def _open_in_waves(count: int, open_one) -> list[asyncio.Task]:
+    """Open `count` streams a few hundred at a time: a server's listen backlog drops a flood
+    of simultaneous connects, and the client would wait out TCP's retransmission timers."""
+    tasks: list[asyncio.Task] = []
+    for start in range(0, count, 200):
+        tasks += [asyncio.create_task(open_one(n)) for n in range(start, min(count, start + 200))]
+        await asyncio.sleep(0.2)
+    return tasks
+
+
+async def _until_all_said_hello(tasks: list[asyncio.Task], all_open: asyncio.Event) -> None:
+    waiting = asyncio.create_task(all_open.wait())
+    await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    if not all_open.is_set():
+        raise RuntimeError(f"a stream ended before all were open: {[t.result() for t in tasks if t.done()]}")
 
 
 def fanout(*, streams: list[int], tokens: int) -> dict:
@@ -216,54 +238,52 @@ def fanout(*, streams: list[int], tokens: int) -> dict:
     table: dict[int, dict] = {}
     with running(env, worker=False) as stack:
 
+        def hello_counter(count: int) -> tuple[asyncio.Event, Callable[[], None]]:
+            all_open = asyncio.Event()
+            said = 0
+
+            def on_status() -> None:
+                nonlocal said
+                said += 1
+                if said == count:
+                    all_open.set()
+
+            return all_open, on_status
+
         async def bare(count: int) -> dict:
-            start_at = time.time() + 3 + count / 400  # time enough to open them all
-            sessions = [Session(stack.base_url) for _ in range(count)]
-            traces = await asyncio.gather(
-                *(
-                    s.stream(f"/bench/bare-sse?tokens={tokens}&start_at={start_at}", timeout_s=600)
-                    for s in sessions
-                )
+            run = uuid.uuid4().hex
+            all_open, on_status = hello_counter(count)
+            tasks = await _open_in_waves(
+                count,
+                lambda n: Session(stack.base_url).stream(
+                    f"/bench/bare-sse?tokens={tokens}&run={run}", timeout_s=600, on_first_status=on_status
+                ),
             )
-            late = sum(t.first_status_at is None or t.first_status_at > start_at for t in traces)
-            if late:
-                print(f"  warning: {late} bare streams opened after the start signal", flush=True)
-            return _delivery(traces, started_at=time.perf_counter() - (time.time() - start_at))
+            await _until_all_said_hello(tasks, all_open)
+            started_at = time.perf_counter()
+            await Session(stack.base_url).request("POST", f"/bench/bare-sse/start?run={run}")
+            return _delivery(await asyncio.gather(*tasks), started_at=started_at)
 
         async def through_stack(count: int) -> dict:
             pool = SessionPool(stack.base_url)
             await pool.fill("normal", count)
-            paths = []
+
+            async def submit() -> tuple[Session, str]:
+                session = await pool.borrow("normal")
+                conversation = await session.new_conversation()
+                response = await session.post_message(conversation, "fan out")
+                session.close()  # the stream opens its own connection
+                return session, response.json()["stream_url"]
+
+            submitted: list[tuple[Session, str]] = []
             for start in range(0, count, 50):
-
-                async def submit() -> tuple[Session, str]:
-                    session = await pool.borrow("normal")
-                    conversation = await session.new_conversation()
-                    response = await session.post_message(conversation, "fan out")
-                    session.close()  # the stream opens its own connection
-                    return session, response.json()["stream_url"]
-
-                paths += await asyncio.gather(*(submit() for _ in range(min(50, count - start))))
-            statuses = 0
-            all_open = asyncio.Event()
-
-            def on_status() -> None:
-                nonlocal statuses
-                statuses += 1
-                if statuses == count:
-                    all_open.set()
-
-            tasks = [
-                asyncio.create_task(session.stream(path, timeout_s=600, on_first_status=on_status))
-                for session, path in paths
-            ]
-            await asyncio.wait(
-                [asyncio.create_task(all_open.wait()), *tasks], return_when=asyncio.FIRST_COMPLETED
+                submitted += await asyncio.gather(*(submit() for _ in range(min(50, count - start))))
+            all_open, on_status = hello_counter(count)
+            tasks = await _open_in_waves(
+                count,
+                lambda n: submitted[n][0].stream(submitted[n][1], timeout_s=600, on_first_status=on_status),
             )
-            if not all_open.is_set():
-                raise RuntimeError(
-                    f"a stream ended before all were open: {[t.result() for t in tasks if t.done()]}"
-                )
+            await _until_all_said_hello(tasks, all_open)
             # Every stream waits in the queue: now the worker starts and the tokens flow.
             await asyncio.to_thread(stack.start_worker)
             traces = await asyncio.gather(*tasks)
@@ -286,8 +306,11 @@ def fanout(*, streams: list[int], tokens: int) -> dict:
             }
             print(
                 f"  {count} streams: bare {ceiling['tokens_per_s']:,.0f} tok/s, stack "
-                f"{measured['tokens_per_s']:,.0f} tok/s ({table[count]['ratio']:.0%}); ITL p99 bare "
-                f"{ceiling['itl_s']['p99'] * 1000:.0f} ms, stack {measured['itl_s']['p99'] * 1000:.0f} ms",
+                f"{measured['tokens_per_s']:,.0f} tok/s ({table[count]['ratio']:.0%}); last token p99 "
+                f"bare {ceiling['last_token_s']['p99']:.2f} s, "
+                f"stack {measured['last_token_s']['p99']:.2f} s; "
+                f"ITL p99 bare {ceiling['itl_s']['p99'] * 1000:.0f} ms, "
+                f"stack {measured['itl_s']['p99'] * 1000:.0f} ms",
                 flush=True,
             )
     return {"tokens_per_stream": tokens, "table": table}

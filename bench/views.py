@@ -1,26 +1,39 @@
 """The framework's ceiling for the fan-out benchmark: a bare Django async SSE endpoint that
-only emits tokens (no Redis, no worker). Mounted only when BENCH_ENDPOINTS is on."""
+only emits tokens (no Redis, no worker). Mounted only when BENCH_ENDPOINTS is on.
+
+Streams of one run wait for its start signal, so the figure measures N streams flowing at once,
+not how fast N connections can be opened.
+"""
 
 import asyncio
-import time
 
-from django.http import HttpRequest, StreamingHttpResponse
-from django.views.decorators.http import require_GET
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_GET, require_POST
 
 from chat.sse import SSE_HEADERS, sse_event
+
+_starts: dict[str, asyncio.Event] = {}
 
 
 @require_GET
 async def bare_tokens(request: HttpRequest) -> StreamingHttpResponse:
     count = min(int(request.GET.get("tokens", "50")), 10_000)
-    start_at = float(request.GET.get("start_at", "0"))  # unix time: every stream starts together
+    start = _starts.setdefault(request.GET.get("run", ""), asyncio.Event())
 
     async def events():
         yield sse_event("status", {"state": "queued"}, "0")
-        await asyncio.sleep(max(0.0, start_at - time.time()))
+        await start.wait()
         for seq in range(count):
             yield sse_event("token", {"seq": seq, "text": "token "}, str(seq))
             await asyncio.sleep(0)  # yield to the other streams, as a relay awaiting Redis does
         yield sse_event("done", {"finish_reason": "length"}, str(count))
 
     return StreamingHttpResponse(events(), content_type="text/event-stream", headers=SSE_HEADERS)
+
+
+@csrf_exempt
+@require_POST
+async def bare_start(request: HttpRequest) -> HttpResponse:
+    _starts.setdefault(request.GET.get("run", ""), asyncio.Event()).set()
+    return HttpResponse(status=204)
