@@ -147,8 +147,10 @@ class Session:
         timeout_s: float,
         on_open: Callable[[], None] | None = None,
         on_first_status: Callable[[], None] | None = None,
+        stop: asyncio.Event | None = None,
     ) -> StreamTrace:
-        """Read an SSE stream on its own connection (as EventSource does) until it ends."""
+        """Read an SSE stream on its own connection (as EventSource does) until it ends, the
+        timeout passes, or `stop` is set (outcome "stopped")."""
         reader, writer = await asyncio.open_connection(self.host, self.port, limit=2**20)
         trace = StreamTrace(opened_at=time.perf_counter())
         try:
@@ -160,7 +162,18 @@ class Session:
             if on_open is not None:
                 on_open()
             async with asyncio.timeout(timeout_s):
-                await _read_events(reader, trace, on_first_status)
+                reading = asyncio.ensure_future(_read_events(reader, trace, on_first_status))
+                if stop is None:
+                    await reading
+                else:
+                    stopping = asyncio.ensure_future(stop.wait())
+                    await asyncio.wait([reading, stopping], return_when=asyncio.FIRST_COMPLETED)
+                    stopping.cancel()
+                    if reading.done():
+                        reading.result()
+                    else:
+                        reading.cancel()
+                        trace.outcome = "stopped"
         except TimeoutError:
             trace.outcome = "timeout"
         except (ConnectionError, asyncio.IncompleteReadError):

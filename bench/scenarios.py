@@ -386,27 +386,41 @@ def idle(*, streams: int, hold_s: float, heartbeat_s: float) -> dict:
             warm = await pool.borrow("normal")
             await warm.new_conversation()
             pool.give_back("normal", warm)
-            rss_before = web.memory_info().rss
-            opened = 0
-
-            def on_open() -> None:
-                nonlocal opened
-                opened += 1
-
-            async def hold() -> Any:
+            async def submit() -> tuple[Session, str]:
                 session = await pool.borrow("normal")
                 conversation = await session.new_conversation()
                 response = await session.post_message(conversation, "waiting in line")
-                session.close()
-                return await session.stream(response.json()["stream_url"], timeout_s=hold_s, on_open=on_open)
+                session.close()  # the stream opens its own connection
+                return session, response.json()["stream_url"]
 
-            tasks = [asyncio.create_task(hold()) for _ in range(streams)]
-            while opened < streams:
-                await asyncio.sleep(0.5)
-                print(f"\r  open streams: {opened}/{streams}", end="", flush=True)
-            await asyncio.sleep(heartbeat_s / 2)
+            submitted: list[tuple[Session, str]] = []
+            for start in range(0, streams, 50):
+                submitted += await asyncio.gather(*(submit() for _ in range(min(50, streams - start))))
+                print(f"\r  queued {len(submitted)}/{streams}", end="", flush=True)
+            await asyncio.sleep(1)
+            rss_before = web.memory_info().rss  # after the submissions: only the streams differ
+            all_open = asyncio.Event()
+            said = 0
+
+            def on_status() -> None:
+                nonlocal said
+                said += 1
+                if said == streams:
+                    all_open.set()
+
+            stop = asyncio.Event()
+            tasks = await _open_in_waves(
+                streams,
+                lambda n: submitted[n][0].stream(
+                    submitted[n][1], timeout_s=3600, on_first_status=on_status, stop=stop
+                ),
+            )
+            await _until_all_said_hello(tasks, all_open)
+            await asyncio.sleep(1)
             rss_open = web.memory_info().rss
             print(f"\n  holding {streams} open streams for {hold_s:.0f} s...", flush=True)
+            await asyncio.sleep(hold_s)
+            stop.set()
             traces = await asyncio.gather(*tasks)
             lateness = []
             for trace in traces:

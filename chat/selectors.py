@@ -7,11 +7,13 @@ from django.db.models import Q, QuerySet
 from chat.models import Conversation, Message, User
 
 
-def _owned_by(user: User | None, session_key: str | None) -> Q:
+def _owned_by(user: User | None, session_key: str | None, via: str = "") -> Q:
+    """Rows of this client's conversations; `via` reaches the conversation from another model
+    (a join, so a lookup by a unique key stays one index probe however many it owns)."""
     if user is not None and user.is_authenticated:
-        return Q(owner=user)
+        return Q(**{f"{via}owner": user})
     if session_key:
-        return Q(owner__isnull=True, session_key=session_key)
+        return Q(**{f"{via}owner__isnull": True, f"{via}session_key": session_key})
     return Q(pk__in=[])
 
 
@@ -36,11 +38,11 @@ def conversation_messages(*, conversation: Conversation) -> QuerySet[Message]:
 
 def assistant_message_get(*, request_id: UUID, user: User | None, session_key: str | None) -> Message:
     """Raises Message.DoesNotExist for unknown request ids and for other clients' requests."""
-    owned = Q(conversation__in=Conversation.objects.filter(_owned_by(user, session_key)).values("pk"))
+    owned = _owned_by(user, session_key, via="conversation__")
     return Message.objects.get(owned, request_id=request_id, role=Message.Role.ASSISTANT)
 
 
 def assistant_message_owned(*, message_id: int, user: User | None, session_key: str | None) -> Message:
     """Raises Message.DoesNotExist for unknown ids and for other clients' answers."""
-    owned = Q(conversation__in=Conversation.objects.filter(_owned_by(user, session_key)).values("pk"))
+    owned = _owned_by(user, session_key, via="conversation__")
     return Message.objects.get(owned, pk=message_id, role=Message.Role.ASSISTANT)

@@ -52,12 +52,17 @@ def async_redis() -> aioredis.Redis:
     return client
 
 
-def new_async_redis(*, single_connection: bool = False) -> aioredis.Redis:
-    """A private async client, e.g. for a blocking read that must not hold a pooled connection."""
+def new_async_redis(*, single_connection: bool = False, socket_timeout: float = 5.0) -> aioredis.Redis:
+    """A private async client, e.g. for a blocking read that must not hold a pooled connection
+    (give it a `socket_timeout` longer than its reads block)."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
     pool = aioredis.BlockingConnectionPool.from_url(
-        settings.REDIS_URL, max_connections=settings.REDIS_MAX_CONNECTIONS, timeout=10, **_client_options()
+        settings.REDIS_URL,
+        max_connections=settings.REDIS_MAX_CONNECTIONS,
+        timeout=10,
+        socket_timeout=socket_timeout,
+        **_client_options(),
     )
     return aioredis.Redis(
         connection_pool=pool,

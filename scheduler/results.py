@@ -211,7 +211,7 @@ class ResultFollower:
 
     async def _run(self) -> None:
         if self._reader is None:
-            self._reader = new_async_redis(single_connection=True)
+            self._reader = new_async_redis(single_connection=True, socket_timeout=self.BLOCK_MS / 1000 + 5)
         attempt = 0
         while self._subs:
             streams = {self._wake_key: self._wake_cursor}
