@@ -112,6 +112,7 @@ def message_post(
             request_id=request_id,
             variant=variant,
         )
+        Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     try:
         admission = request_submit(
             request_id=str(request_id),
@@ -124,7 +125,6 @@ def message_post(
     except Exception:
         Message.objects.filter(pk__in=[user_message.pk, assistant_message.pk]).delete()
         raise
-    Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     return PostedMessage(user_message, assistant_message, admission)
 
 
