@@ -235,35 +235,32 @@ def job_enqueue(
     )
 
 
-def queue_state(*, variant: str, tier: str) -> QueueState:
-    """The tier's queue as the console shows it: queued jobs, predicted wait and drain rate."""
-    queued, ahead, rate = sync_script(_QUEUE_STATE)(
-        keys=[
+def _queue_state_call(variant: str, tier: str) -> dict[str, list]:
+    return {
+        "keys": [
             keys.enqueue_seq(variant, tier),
             keys.claimed_seq(variant, tier),
             keys.capacity(variant),
             *_higher_tier_keys(variant, tier),
         ],
-        args=[tier, settings.WORKER_HEARTBEAT_TTL_S, MIN_DRAIN_RATE],
-    )
+        "args": [tier, settings.WORKER_HEARTBEAT_TTL_S, MIN_DRAIN_RATE],
+    }
+
+
+def _queue_state(reply: list) -> QueueState:
+    queued, ahead, rate = reply
     return QueueState(
         queued=int(queued), predicted_wait_s=int(ahead) / float(rate), drain_rate_per_s=float(rate)
     )
+
+
+def queue_state(*, variant: str, tier: str) -> QueueState:
+    """The tier's queue as the console shows it: queued jobs, predicted wait and drain rate."""
+    return _queue_state(sync_script(_QUEUE_STATE)(**_queue_state_call(variant, tier)))
 
 
 async def queue_state_async(client: aioredis.Redis, *, variant: str, tier: str) -> QueueState:
-    queued, ahead, rate = await async_script(client, _QUEUE_STATE)(
-        keys=[
-            keys.enqueue_seq(variant, tier),
-            keys.claimed_seq(variant, tier),
-            keys.capacity(variant),
-            *_higher_tier_keys(variant, tier),
-        ],
-        args=[tier, settings.WORKER_HEARTBEAT_TTL_S, MIN_DRAIN_RATE],
-    )
-    return QueueState(
-        queued=int(queued), predicted_wait_s=int(ahead) / float(rate), drain_rate_per_s=float(rate)
-    )
+    return _queue_state(await async_script(client, _QUEUE_STATE)(**_queue_state_call(variant, tier)))
 
 
 async def claimed_position(client: aioredis.Redis, *, variant: str, tier: str, seq: int) -> int:

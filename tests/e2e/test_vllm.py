@@ -15,16 +15,7 @@ from tests.e2e.conftest import running_stack
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
 
-QUESTIONS = [
-    "What is the capital of France?",
-    "How do I reset my password?",
-    "Can I return a product after 30 days?",
-    "What are your opening hours?",
-    "How long does shipping take?",
-    "Do you ship to Canada?",
-    "How do I cancel my subscription?",
-    "Who can I call for help?",
-]
+from bench.scenarios import QUESTIONS  # noqa: E402  (the benchmark's customer questions)
 
 
 @pytest.fixture(scope="module")
