@@ -9,13 +9,11 @@ import psutil
 import pytest
 import redis
 
+from bench.scenarios import QUESTIONS
 from tests.e2e.client import ChatClient
 from tests.e2e.conftest import running_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
-pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
-
-from bench.scenarios import QUESTIONS  # noqa: E402  (the benchmark's customer questions)
 
 
 @pytest.fixture(scope="module")

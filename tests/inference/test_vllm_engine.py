@@ -18,8 +18,6 @@ import psutil
 import pytest
 from django.conf import settings
 
-pytest.importorskip("vllm", reason="vLLM is not installed (make install-vllm)")
-
 from inference.engines.base import Delta, EngineDeadError, GenerationRequest
 from inference.engines.vllm import VllmEngine
 from inference.model_prep import default_model_dir, prepare_model
