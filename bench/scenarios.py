@@ -386,6 +386,7 @@ def idle(*, streams: int, hold_s: float, heartbeat_s: float) -> dict:
             warm = await pool.borrow("normal")
             await warm.new_conversation()
             pool.give_back("normal", warm)
+
             async def submit() -> tuple[Session, str]:
                 session = await pool.borrow("normal")
                 conversation = await session.new_conversation()
