@@ -202,6 +202,38 @@ def _delivery(traces: list, started_at: float) -> dict:
     }
 
 
+async def _queue_requests(pool: SessionPool, count: int, text: str) -> list[tuple[Session, str]]:
+    """Post `count` messages, 50 at a time; returns each browser with its stream's path."""
+
+    async def submit() -> tuple[Session, str]:
+        session = await pool.borrow("normal")
+        conversation = await session.new_conversation()
+        response = await session.post_message(conversation, text)
+        session.close()  # the stream opens its own connection
+        return session, response.json()["stream_url"]
+
+    submitted: list[tuple[Session, str]] = []
+    for start in range(0, count, 50):
+        submitted += await asyncio.gather(*(submit() for _ in range(min(50, count - start))))
+        print(f"\r  queued {len(submitted)}/{count}", end="", flush=True)
+    print(flush=True)
+    return submitted
+
+
+def _hello_counter(count: int) -> tuple[asyncio.Event, Callable[[], None]]:
+    """An event set once `count` streams have sent their first status, and the callback."""
+    all_open = asyncio.Event()
+    said = 0
+
+    def on_status() -> None:
+        nonlocal said
+        said += 1
+        if said == count:
+            all_open.set()
+
+    return all_open, on_status
+
+
 async def _open_in_waves(count: int, open_one) -> list[asyncio.Task]:
     """Open `count` streams a few hundred at a time: a server's listen backlog drops a flood
     of simultaneous connects, and the client would wait out TCP's retransmission timers."""
@@ -238,21 +270,9 @@ def fanout(*, streams: list[int], tokens: int) -> dict:
     table: dict[int, dict] = {}
     with running(env, worker=False) as stack:
 
-        def hello_counter(count: int) -> tuple[asyncio.Event, Callable[[], None]]:
-            all_open = asyncio.Event()
-            said = 0
-
-            def on_status() -> None:
-                nonlocal said
-                said += 1
-                if said == count:
-                    all_open.set()
-
-            return all_open, on_status
-
         async def bare(count: int) -> dict:
             run = uuid.uuid4().hex
-            all_open, on_status = hello_counter(count)
+            all_open, on_status = _hello_counter(count)
             tasks = await _open_in_waves(
                 count,
                 lambda n: Session(stack.base_url).stream(
@@ -268,17 +288,8 @@ def fanout(*, streams: list[int], tokens: int) -> dict:
             pool = SessionPool(stack.base_url)
             await pool.fill("normal", count)
 
-            async def submit() -> tuple[Session, str]:
-                session = await pool.borrow("normal")
-                conversation = await session.new_conversation()
-                response = await session.post_message(conversation, "fan out")
-                session.close()  # the stream opens its own connection
-                return session, response.json()["stream_url"]
-
-            submitted: list[tuple[Session, str]] = []
-            for start in range(0, count, 50):
-                submitted += await asyncio.gather(*(submit() for _ in range(min(50, count - start))))
-            all_open, on_status = hello_counter(count)
+            submitted = await _queue_requests(pool, count, "fan out")
+            all_open, on_status = _hello_counter(count)
             tasks = await _open_in_waves(
                 count,
                 lambda n: submitted[n][0].stream(submitted[n][1], timeout_s=600, on_first_status=on_status),
@@ -387,27 +398,10 @@ def idle(*, streams: int, hold_s: float, heartbeat_s: float) -> dict:
             await warm.new_conversation()
             pool.give_back("normal", warm)
 
-            async def submit() -> tuple[Session, str]:
-                session = await pool.borrow("normal")
-                conversation = await session.new_conversation()
-                response = await session.post_message(conversation, "waiting in line")
-                session.close()  # the stream opens its own connection
-                return session, response.json()["stream_url"]
-
-            submitted: list[tuple[Session, str]] = []
-            for start in range(0, streams, 50):
-                submitted += await asyncio.gather(*(submit() for _ in range(min(50, streams - start))))
-                print(f"\r  queued {len(submitted)}/{streams}", end="", flush=True)
+            submitted = await _queue_requests(pool, streams, "waiting in line")
             await asyncio.sleep(1)
             rss_before = web.memory_info().rss  # after the submissions: only the streams differ
-            all_open = asyncio.Event()
-            said = 0
-
-            def on_status() -> None:
-                nonlocal said
-                said += 1
-                if said == streams:
-                    all_open.set()
+            all_open, on_status = _hello_counter(streams)
 
             stop = asyncio.Event()
             tasks = await _open_in_waves(
