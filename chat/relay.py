@@ -5,6 +5,7 @@ queue it sends `status` events with the position and ETA, and a heartbeat commen
 the stream has been quiet for the heartbeat interval.
 """
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -12,25 +13,38 @@ import redis
 from django.conf import settings
 
 from chat.sse import sse_comment, sse_event, sse_retry
-from scheduler.queues import claimed_position, queue_state_async
+from scheduler.queues import claimed_through, queue_state_async
 from scheduler.redis import async_redis
 from scheduler.results import TERMINAL_EVENTS, ResultEvent, result_follower
 
+SNAPSHOT_S = 1.0
+
+# (loop, variant, tier) -> (read at, claimed through, drain rate): every queued stream of this
+# process shares one read of its queue a second, instead of two reads per stream.
+_snapshots: dict[tuple[asyncio.AbstractEventLoop, str, str], tuple[float, int, float]] = {}
+
+
+async def _queue_snapshot(variant: str, tier: str) -> tuple[int, float]:
+    key = (asyncio.get_running_loop(), variant, tier)
+    cached = _snapshots.get(key)
+    if cached is not None and time.monotonic() - cached[0] < SNAPSHOT_S:
+        return cached[1], cached[2]
+    client = async_redis()
+    claimed = await claimed_through(client, variant=variant, tier=tier)
+    state = await queue_state_async(client, variant=variant, tier=tier)
+    _snapshots[key] = (time.monotonic(), claimed, state.drain_rate_per_s)
+    return claimed, state.drain_rate_per_s
+
 
 async def _queued_status(variant: str, tier: str, seq: int) -> dict:
-    client = async_redis()
     try:
-        position = await claimed_position(client, variant=variant, tier=tier, seq=seq)
-        if position == 0:
-            return {"state": "starting"}
-        state = await queue_state_async(client, variant=variant, tier=tier)
+        claimed, drain_rate_per_s = await _queue_snapshot(variant, tier)
     except (redis.ConnectionError, redis.TimeoutError):
         return {"state": "queued", "position": None, "eta_s": None}  # Redis is restarting
-    return {
-        "state": "queued",
-        "position": position,
-        "eta_s": round(position / state.drain_rate_per_s, 1),
-    }
+    position = seq - claimed
+    if position <= 0:
+        return {"state": "starting"}
+    return {"state": "queued", "position": position, "eta_s": round(position / drain_rate_per_s, 1)}
 
 
 def _sse_for(event: ResultEvent) -> bytes | None:

@@ -263,10 +263,10 @@ async def queue_state_async(client: aioredis.Redis, *, variant: str, tier: str) 
     return _queue_state(await async_script(client, _QUEUE_STATE)(**_queue_state_call(variant, tier)))
 
 
-async def claimed_position(client: aioredis.Redis, *, variant: str, tier: str, seq: int) -> int:
-    """1 when the job is next in its queue, 0 once it has been claimed."""
-    claimed = int(await client.get(keys.claimed_seq(variant, tier)) or 0)
-    return max(0, seq - claimed)
+async def claimed_through(client: aioredis.Redis, *, variant: str, tier: str) -> int:
+    """The sequence number of the tier's latest claimed job: a job with seq n is at position
+    n - claimed_through (1 = next), and has been claimed when that is 0 or less."""
+    return int(await client.get(keys.claimed_seq(variant, tier)) or 0)
 
 
 class JobQueue:
