@@ -2,7 +2,8 @@
 
 from uuid import UUID
 
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Left
 
 from chat.models import Conversation, Message, User
 
@@ -26,10 +27,22 @@ def conversation_latest(*, user: User | None, session_key: str | None) -> Conver
     return Conversation.objects.filter(_owned_by(user, session_key)).first()
 
 
+# The sidebar shortens a title further; reading only this much keeps a list of long questions light.
+_TITLE_SOURCE_CHARS = 100
+
+
 def conversation_list(
     *, user: User | None, session_key: str | None, limit: int = 20
 ) -> QuerySet[Conversation]:
-    return Conversation.objects.filter(_owned_by(user, session_key))[:limit]
+    """The client's recent conversations, each with `title`: the start of its first question
+    (None while nothing has been asked)."""
+    first_question = (
+        Message.objects.filter(conversation=OuterRef("pk"), role=Message.Role.USER)
+        .order_by("created_at", "id")
+        .values(head=Left("content", _TITLE_SOURCE_CHARS))[:1]
+    )
+    owned = Conversation.objects.filter(_owned_by(user, session_key))
+    return owned.annotate(title=Subquery(first_question))[:limit]
 
 
 def conversation_messages(*, conversation: Conversation) -> QuerySet[Message]:

@@ -93,6 +93,7 @@ def _render_page(request: HtmxHttpRequest, conversation: Conversation) -> HttpRe
             "messages": selectors.conversation_messages(conversation=conversation),
             "conversations": selectors.conversation_list(user=user, session_key=session_key),
             "tier": _tier(request),
+            "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
         },
     )
 

@@ -147,3 +147,43 @@ def test_guests_get_a_session_and_a_conversation_of_their_own():
     assert _post(guest, conversation, "hello").status_code == 202
     # another guest cannot see it
     assert Client().get(f"/chat/{conversation.pk}").status_code == 404
+
+
+@override_settings(CHAT_MAX_MESSAGE_CHARS=50)
+def test_the_page_offers_the_servers_message_limit(client_alice, conversation):
+    page = client_alice.get(f"/chat/{conversation.pk}").content.decode()
+    assert 'data-max-chars="50"' in page
+    assert "0 / 50" in page
+    assert "4000" not in page
+    assert _post(client_alice, conversation, "x" * 51).status_code == 400
+
+
+def test_the_sidebar_titles_conversations_by_their_first_question(client_alice, alice, conversation):
+    conversation.messages.create(role=Message.Role.USER, content="Where is my parcel?")
+    conversation.messages.create(role=Message.Role.ASSISTANT, content="On its way.")
+    conversation.messages.create(role=Message.Role.USER, content="And the second one?")
+    long = Conversation.objects.create(owner=alice)
+    long.messages.create(role=Message.Role.USER, content="Can I change the delivery address " + "x" * 200)
+    empty = Conversation.objects.create(owner=alice)
+    page = client_alice.get(f"/chat/{empty.pk}").content.decode()
+    assert "Where is my parcel?" in page
+    assert "And the second one?" not in page
+    assert "Can I change the delivery address xxxxx…" in page
+    assert "New conversation" in page
+    assert "This conversation" not in page
+
+
+def test_the_model_variant_shows_to_staff_only(alice, conversation):
+    conversation.messages.create(role=Message.Role.USER, content="Hello")
+    conversation.messages.create(
+        role=Message.Role.ASSISTANT, content="Hi.", variant="candidate-7b", engine="simulated"
+    )
+    customer = Client()
+    customer.force_login(alice)
+    page = customer.get(f"/chat/{conversation.pk}").content.decode()
+    assert "candidate-7b" not in page
+    assert "simulated engine" in page
+
+    alice.is_staff = True
+    alice.save()
+    assert "candidate-7b" in customer.get(f"/chat/{conversation.pk}").content.decode()
