@@ -147,3 +147,23 @@ def test_customers_see_no_variant_name_and_staff_do(page, browser, stack):
     expect(answer.locator(".bubble__variant")).to_have_text("stable")
     staff.context.close()
 
+
+def test_signing_in_goes_on_to_a_safe_next_page_only(browser, stack):
+    page = new_page(browser, stack.base_url)
+    page.goto("/console/")
+    # The sign-in page offers one way in, and that one keeps `next`.
+    expect(page.get_by_role("link", name="Sign in")).to_have_count(0)
+    sign_in(page, "sam", "sam-demo-pass", next_url="/console/")
+    expect(page.get_by_role("heading", name="Live dashboard")).to_be_visible()
+    # Already signed in, a link to sign in for the console goes straight there.
+    page.goto("/accounts/login/?next=/console/")
+    expect(page.get_by_role("heading", name="Live dashboard")).to_be_visible()
+    page.context.close()
+
+    page = new_page(browser, stack.base_url)
+    page.goto("/accounts/login/?next=https://example.org/console/")
+    page.get_by_label("Username").fill("sam")
+    page.get_by_label("Password").fill("sam-demo-pass")
+    page.get_by_role("button", name="Sign in").click()
+    expect(page).to_have_url(f"{stack.base_url}/")
+    page.context.close()
