@@ -26,7 +26,7 @@ def stack():
 @pytest.fixture
 def staff_page(browser, stack) -> Page:
     page = new_page(browser, stack.base_url)
-    sign_in(page, "sam", "sam-demo-pass", next_url="/console/")
+    sign_in(page, "sam", stack.staff_password, next_url="/console/")
     yield page
     page.context.close()
 
