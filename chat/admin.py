@@ -24,6 +24,8 @@ class MessageInline(admin.TabularInline):
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
     list_display = ("id", "owner", "updated_at")
+    # A guest's session key signs in as that guest: it is never shown.
+    exclude = ("session_key",)
     inlines = [MessageInline]
 
 

@@ -290,6 +290,7 @@ LOGGING = {
 
 CELERY_BEAT_SCHEDULE = {
     "purge-guest-conversations": {"task": "chat.tasks.purge_guest_conversations", "schedule": 3600.0},
+    "purge-expired-sessions": {"task": "chat.tasks.purge_expired_sessions", "schedule": 3600.0},
     # An evaluation that could not start within its period is skipped: the next one follows.
     "canary-evaluate": {
         "task": "admin_console.tasks.canary_evaluate",
