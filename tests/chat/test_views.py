@@ -7,7 +7,7 @@ from django.contrib.sessions.models import Session
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from chat import tasks
+from chat import tasks, views
 from chat.models import Conversation, Message, User
 from scheduler import keys
 from scheduler.models import TierPolicy
@@ -152,6 +152,37 @@ def _form_conversation_id(page) -> str:
 
 def _post_to(client: Client, conversation_id: str, text: str):
     return client.post(f"/chat/{conversation_id}/messages", {"text": text}, **JSON)
+
+
+@override_settings(GUEST_ADDRESS_BUCKET_FACTOR=1)
+@pytest.mark.parametrize(
+    ("addresses", "refused"),
+    [
+        ([f"2001:db8:0:7::{n:x}" for n in range(1, 8)], True),  # one /64
+        ([f"2001:db8:0:{n:x}::1" for n in range(1, 8)], False),  # seven /64s
+        ([f"192.0.2.{n}" for n in range(1, 8)], False),
+    ],
+)
+def test_guests_share_a_bucket_per_ipv6_64_and_per_ipv4_address(addresses, refused):
+    # With factor 1 the address bucket holds what one guest's does: 6 messages.
+    statuses = []
+    for address in addresses:
+        guest = Client(REMOTE_ADDR=address)
+        response = _post_to(guest, _form_conversation_id(guest.get("/")), "hello")
+        statuses.append(response.status_code)
+    assert statuses == [202] * 6 + [429 if refused else 202]
+    if refused:
+        assert response.json()["error"]["code"] == "rate_limited_address"
+
+
+def test_x_forwarded_for_without_a_trusted_proxy_is_ignored_with_one_warning(caplog):
+    views._warn_forwarded_for_ignored.cache_clear()  # once per process: start this test's count
+    for n in range(2):
+        guest = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR=f"198.51.100.{n}")
+        assert _post_to(guest, _form_conversation_id(guest.get("/")), "hello").status_code == 202
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "TRUSTED_PROXIES" in r.message]
+    assert len(warnings) == 1
+    assert sync_redis().exists(keys.bucket_address("10.0.0.2"))
 
 
 def test_cookieless_visits_write_nothing_to_the_database():
