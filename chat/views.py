@@ -213,6 +213,9 @@ _FEEDBACK_VALUES = {"up": Message.Feedback.UP, "down": Message.Feedback.DOWN}
 
 @require_POST
 def message_feedback(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
+    # Votes steer the canary: a guest could make throwaway sessions and vote as many times.
+    if not request.user.is_authenticated:
+        return _error(403, "sign_in_required", "Sign in to rate answers.")
     user, session_key = _client(request)
     try:
         message = selectors.assistant_message_owned(message_id=message_id, user=user, session_key=session_key)

@@ -6,7 +6,7 @@ import time
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import js_errors, new_page
+from tests.browser.conftest import js_errors, new_page, sign_in
 from tests.e2e.conftest import running_stack
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
@@ -59,7 +59,8 @@ def test_an_answer_streams_in_and_stop_stops_it(page, stack):
     assert errors == []
 
 
-def test_a_finished_answer_takes_a_thumbs_down(page, stack):
+def test_a_signed_in_customer_gives_a_finished_answer_a_thumbs_down(page, stack):
+    sign_in(page, "alice", "alice-demo-pass")  # guests cannot vote
     answer = _ask(page, "Can I change my delivery address?")
     expect(answer).to_have_attribute("data-status", "done", timeout=30_000)
     down = answer.get_by_role("button", name="Not helpful")
