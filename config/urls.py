@@ -4,11 +4,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from admin_console import health, metrics_view
+from chat import views as chat_views
 
 urlpatterns = [
     path("", include("chat.urls")),
     path("v1/", include("chat.api_urls")),
-    path("accounts/login/", auth_views.LoginView.as_view(), name="login"),
+    path("accounts/login/", chat_views.LoginView.as_view(), name="login"),
     path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
