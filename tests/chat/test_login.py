@@ -27,9 +27,7 @@ def alice() -> User:
 
 
 def _sign_in(username: str, password: str, address: str = "192.0.2.1"):
-    return Client(REMOTE_ADDR=address).post(
-        "/accounts/login/", {"username": username, "password": password}
-    )
+    return Client(REMOTE_ADDR=address).post("/accounts/login/", {"username": username, "password": password})
 
 
 def test_a_username_with_too_many_failures_is_refused_with_429_even_with_the_right_password(alice):
