@@ -23,6 +23,11 @@ def conversation_get(*, conversation_id: UUID, user: User | None, session_key: s
     return Conversation.objects.get(_owned_by(user, session_key), pk=conversation_id)
 
 
+def conversation_exists(*, conversation_id: UUID) -> bool:
+    """Whoever owns it."""
+    return Conversation.objects.filter(pk=conversation_id).exists()
+
+
 def conversation_latest(*, user: User | None, session_key: str | None) -> Conversation | None:
     return Conversation.objects.filter(_owned_by(user, session_key)).first()
 
@@ -46,6 +51,8 @@ def conversation_list(
 
 
 def conversation_messages(*, conversation: Conversation) -> QuerySet[Message]:
+    if conversation._state.adding:  # a new conversation, saved with its first message
+        return Message.objects.none()
     return conversation.messages.all()
 
 

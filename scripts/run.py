@@ -1,8 +1,8 @@
 """`make run`: start the whole product on this machine and stop every part on Ctrl-C.
 
 Starts a private redis-server with AOF under var/ (unless REDIS_URL is set), migrates, seeds
-the demo accounts, then runs web (daphne), the inference worker and Celery (worker + beat),
-prefixing each one's output with its name.
+the demo accounts when DEMO_ACCOUNTS is set, then runs web (daphne), the inference worker and
+Celery (worker + beat), prefixing each one's output with its name.
 """
 
 from __future__ import annotations
@@ -122,7 +122,9 @@ def main() -> None:
         children.append(("redis", redis_process))
     try:
         subprocess.run([PYTHON, "manage.py", "migrate", "--no-input", "-v0"], cwd=ROOT, env=env, check=True)
-        subprocess.run([PYTHON, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True)
+        # Demo accounts only on request: a staff account, even a demo one, opens the console.
+        if os.environ.get("DEMO_ACCOUNTS", "").lower() in {"1", "true", "yes"}:
+            subprocess.run([PYTHON, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True)
         # Stopped in reverse: web first (no new work), then the worker drains, then Celery.
         children.append(
             (

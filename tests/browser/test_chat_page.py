@@ -59,7 +59,8 @@ def test_an_answer_streams_in_and_stop_stops_it(page, stack):
     assert errors == []
 
 
-def test_a_finished_answer_takes_a_thumbs_down(page, stack):
+def test_a_signed_in_customer_gives_a_finished_answer_a_thumbs_down(page, stack):
+    sign_in(page, "alice", "alice-demo-pass")  # guests cannot vote
     answer = _ask(page, "Can I change my delivery address?")
     expect(answer).to_have_attribute("data-status", "done", timeout=30_000)
     down = answer.get_by_role("button", name="Not helpful")
@@ -142,7 +143,7 @@ def test_customers_see_no_variant_name_and_staff_do(page, browser, stack):
     expect(page.locator(".bubble__variant")).to_have_count(0)
 
     staff = new_page(browser, stack.base_url)
-    sign_in(staff, "sam", "sam-demo-pass")
+    sign_in(staff, "sam", stack.staff_password)
     answer = _ask(staff, "Which model wrote this?")
     expect(answer.locator(".bubble__variant")).to_have_text("stable")
     staff.context.close()
@@ -153,7 +154,7 @@ def test_signing_in_goes_on_to_a_safe_next_page_only(browser, stack):
     page.goto("/console/")
     # The sign-in page offers one way in, and that one keeps `next`.
     expect(page.get_by_role("link", name="Sign in")).to_have_count(0)
-    sign_in(page, "sam", "sam-demo-pass", next_url="/console/")
+    sign_in(page, "sam", stack.staff_password, next_url="/console/")
     expect(page.get_by_role("heading", name="Live dashboard")).to_be_visible()
     # Already signed in, a link to sign in for the console goes straight there.
     page.goto("/accounts/login/?next=/console/")
@@ -163,7 +164,7 @@ def test_signing_in_goes_on_to_a_safe_next_page_only(browser, stack):
     page = new_page(browser, stack.base_url)
     page.goto("/accounts/login/?next=https://example.org/console/")
     page.get_by_label("Username").fill("sam")
-    page.get_by_label("Password").fill("sam-demo-pass")
+    page.get_by_label("Password").fill(stack.staff_password)
     page.get_by_role("button", name="Sign in").click()
     expect(page).to_have_url(f"{stack.base_url}/")
     page.context.close()

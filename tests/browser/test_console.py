@@ -26,7 +26,7 @@ def stack():
 @pytest.fixture
 def staff_page(browser, stack) -> Page:
     page = new_page(browser, stack.base_url)
-    sign_in(page, "sam", "sam-demo-pass", next_url="/console/")
+    sign_in(page, "sam", stack.staff_password, next_url="/console/")
     yield page
     page.context.close()
 
@@ -147,7 +147,7 @@ def test_moving_the_canary_split_changes_which_variant_answers_new_conversations
 
     # Customers are not shown the variant; a second staff session asks and reads it.
     customer = new_page(browser, stack.base_url)
-    sign_in(customer, "sam", "sam-demo-pass")
+    sign_in(customer, "sam", stack.staff_password)
     try:
         _set_split(console, 100)
         to_candidate = _wait_for_variant(customer, "candidate")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -23,6 +24,8 @@ class Stack:
         self.db_path = workdir / "db.sqlite3"
         self.port = free_port()
         self.settings_env = settings_env
+        # The demo staff account's password: made at random, as for a real demo.
+        self.staff_password = secrets.token_urlsafe(12)
         self.web: subprocess.Popen | None = None
         self.workers: list[subprocess.Popen] = []
         self.celery_workers: list[subprocess.Popen] = []
@@ -41,7 +44,8 @@ class Stack:
 
     def start(self, *, worker: bool = True) -> None:
         self.redis.start()
-        for command in (["migrate", "--no-input", "-v0"], ["seed_demo"]):
+        seed = ["seed_demo", "--staff-password", self.staff_password]
+        for command in (["migrate", "--no-input", "-v0"], seed):
             returncode = manage(*command, env=self.env, stdout=subprocess.DEVNULL).wait()
             assert returncode == 0, f"manage.py {command[0]} failed"
         self.web = daphne(self.port, self.env, self.workdir / "web.log")
