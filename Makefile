@@ -57,7 +57,7 @@ test: install-vllm var/secret_key
 	$(BIN)/python manage.py prepare_model
 	$(BIN)/python -m pytest
 
-# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling` (docs/BENCHMARKS.md).
+# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak` (docs/BENCHMARKS.md).
 bench: install-vllm model var/secret_key
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench $(SCENARIO)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import RedisServer
+from launcher.redis import RedisServer
 
 _server: RedisServer | None = None
 

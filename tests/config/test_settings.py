@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.processes import ROOT, child_env
+from launcher.process import ROOT
+from launcher.stack import inherited_env as child_env
 
 PRODUCTION_ENV = ROOT / "deploy" / "production.env"
 
