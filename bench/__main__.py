@@ -1,6 +1,6 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
-Scenarios: overhead, fanout, batching, idle, scheduling (see docs/BENCHMARKS.md).
+Scenarios: overhead, fanout, batching, idle, scheduling, console (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -33,12 +33,15 @@ def machine() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenario", choices=["overhead", "fanout", "batching", "idle", "scheduling"])
+    parser.add_argument(
+        "scenario", choices=["overhead", "fanout", "batching", "idle", "scheduling", "console"]
+    )
     parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
     parser.add_argument("--rounds", type=int, default=3, help="overhead: interleaved rounds")
     parser.add_argument("--streams", default="200,1000,2000", help="fanout: stream counts")
     parser.add_argument("--idle-streams", type=int, default=2000)
     parser.add_argument("--duration", type=float, default=60.0, help="scheduling: seconds of arrivals")
+    parser.add_argument("--tabs", default="1,10,50", help="console: staff tabs open at once")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
 
@@ -83,6 +86,10 @@ def main() -> None:
             f"lateness p50 {lateness['p50']:.3f} s, p99 {lateness['p99']:.3f} s, max "
             f"{report['heartbeat_lateness_max_s']:.3f} s over {report['heartbeats']} heartbeats"
         )
+    elif args.scenario == "console":
+        report = scenarios.console(tabs=[int(n) for n in args.tabs.split(",")], window_s=20.0, refusals=4)
+        name = "console"
+        png = "no plot (the figures are printed above)"
     else:
         report = scenarios.scheduling(duration_s=args.duration, overload=2.0, vip_share=0.2)
         name = "scheduling"
