@@ -266,6 +266,8 @@ WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
 # --- console ----------------------------------------------------------------------------------
 # How often Celery beat evaluates a running canary's rollback rules and step plan.
 CANARY_EVALUATION_S = env_float("CANARY_EVALUATION_S", 30.0)
+# How often the live dashboard's snapshot is computed (once for every open tab) and pushed.
+CONSOLE_LIVE_PERIOD_S = env_float("CONSOLE_LIVE_PERIOD_S", 1.0)
 
 # --- inference worker -----------------------------------------------------------------------
 INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "vllm")

@@ -91,3 +91,8 @@ def worker_heartbeat(worker_id: str) -> str:
 
 WORKERS_INDEX = "llm:workers"  # sorted set: worker id -> last heartbeat (unix seconds)
 CONTROL_CHANNEL = "llm:control"  # pub/sub: cancel and drain reach every worker
+
+# The console's live dashboard: the channel-layer group its sockets join, and the key that lets one
+# web process per period compute the snapshot for all of them.
+CONSOLE_LIVE_GROUP = "console.live"
+CONSOLE_LIVE_TURN = "llm:console:live-turn"  # string, expires: who computes this period's snapshot
