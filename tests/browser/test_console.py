@@ -109,7 +109,7 @@ def test_a_worker_joining_and_draining_shows_on_an_open_dashboard_without_a_relo
     # The Drain form came in a snapshot rendered once for every tab; it posts with this page's token.
     spare.get_by_role("button", name="Drain").click()
     expect(page.get_by_role("status").filter(has_text="is draining")).to_be_visible()
-    assert worker.wait(timeout=60) == 0
+    assert worker.wait(timeout_s=60) == 0
     expect(spare).to_have_count(0, timeout=30_000)
     assert polls == []
     assert errors == []
