@@ -18,12 +18,18 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from config.env import env_float  # noqa: E402  (the project's one environment reader)
+
 VAR = ROOT / "var"
 PYTHON = sys.executable
 HOST = os.environ.get("HOST", "127.0.0.1")
 PORT = int(os.environ.get("PORT", "8000"))
 REDIS_PORT = int(os.environ.get("PRIVATE_REDIS_PORT", "6390"))
 COLORS = {"redis": 31, "web": 32, "inference": 35, "celery": 36}
+# The worker's drain and engine shutdown fit in this (checked when it starts).
+WORKER_TERMINATION_GRACE_S = env_float("WORKER_TERMINATION_GRACE_S", 40.0)
 
 
 def say(text: str) -> None:
@@ -172,7 +178,7 @@ def main() -> None:
             if process.poll() is None:
                 process.send_signal(signal.SIGTERM)
                 try:
-                    process.wait(timeout=40 if name == "inference" else 10)
+                    process.wait(timeout=WORKER_TERMINATION_GRACE_S if name == "inference" else 10)
                 except subprocess.TimeoutExpired:
                     process.kill()
         say("All stopped")
