@@ -5,9 +5,10 @@ worker killed with SIGKILL (as the kernel's OOM killer does): they keep holding 
 the KV cache, and on a GPU that memory stops the worker that replaces it from starting. So
 before the engine starts, the worker marks its environment with its identity, which every
 engine process inherits, and starts a guard: a small process that checks twice a second that
-the worker lives and, once it is gone without having stood the guard down, kills every process
-with the worker's mark. (A parent-death signal would not do: the engine is built in a thread,
-and that signal fires when the thread that started a process ends, not the process.)
+the worker lives, noting its descendants, and once the worker is gone without having stood the
+guard down, kills them and every other process with the worker's mark. (A parent-death signal
+would not do: the engine is built in a thread, and that signal fires when the thread that
+started a process ends, not the process.)
 
 A worker that starts ends the marked processes of a dead worker whose guard died too, and
 says so.
@@ -15,6 +16,7 @@ says so.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -46,6 +48,9 @@ class EngineGuard:
     def start(self) -> None:
         me = psutil.Process()
         os.environ[OWNER_VARIABLE] = _identity(me)
+        # vLLM retitles its processes with setproctitle, which by default writes over the
+        # environment block (and the mark with it) unless this is set.
+        os.environ["SPT_NOENV"] = "1"
         self._process = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), os.environ[OWNER_VARIABLE]]
         )
@@ -125,9 +130,19 @@ def _guard(owner: str) -> None:
     # Ctrl-C in a terminal reaches the whole process group: the worker drains and stands this
     # guard down itself.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The worker's descendants as last seen, besides the mark: once the worker is gone, they
+    # are no longer its children.
+    descendants: dict[int, psutil.Process] = {}
     while _alive(owner):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for process in psutil.Process(int(owner.partition(":")[0])).children(recursive=True):
+                descendants.setdefault(process.pid, process)
         time.sleep(POLL_S)
-    left = [process for process, marked_by in _engine_processes() if marked_by == owner]
+    descendants.pop(os.getpid(), None)
+    for process, marked_by in _engine_processes():
+        if marked_by == owner:
+            descendants.setdefault(process.pid, process)
+    left = [process for process in descendants.values() if _running(process)]
     _kill(left)
     if left:
         print(

@@ -12,14 +12,16 @@ import psutil
 
 from inference.engines.guard import OWNER_VARIABLE, orphaned_engines_end
 
-# A stand-in for a worker: it starts the guard, then an "engine" process, as VllmEngine.start does.
+# An engine process retitles itself as vLLM's do, which blanks the start of its environment.
+ENGINE = "import setproctitle, time; setproctitle.setproctitle('VLLM::EngineCore'); time.sleep(600)"
+# A stand-in for a worker: it starts the guard, then an engine process, as VllmEngine.start does.
 WORKER = textwrap.dedent(
-    """
+    f"""
     import subprocess, sys, time
     from inference.engines.guard import EngineGuard
     guard = EngineGuard()
     guard.start()
-    engine = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    engine = subprocess.Popen([sys.executable, "-c", {ENGINE!r}])
     print(engine.pid, flush=True)
     if sys.argv[1] == "clean":
         guard.stand_down()
@@ -65,9 +67,9 @@ def test_a_starting_worker_ends_the_engine_a_dead_worker_left_and_says_so(caplog
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     identity = f"{dead.pid}:{psutil.Process(dead.pid).create_time()}"
     dead.wait()
-    orphan = subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(600)"], env={**os.environ, OWNER_VARIABLE: identity}
-    )
+    # As EngineGuard.start leaves the environment of the engine it guards.
+    engine_env = {**os.environ, OWNER_VARIABLE: identity, "SPT_NOENV": "1"}
+    orphan = subprocess.Popen([sys.executable, "-c", ENGINE], env=engine_env)
     try:
         with caplog.at_level(logging.ERROR):
             ended = orphaned_engines_end()
