@@ -51,8 +51,9 @@ class EngineGuard:
         # vLLM retitles its processes with setproctitle, which by default writes over the
         # environment block (and the mark with it) unless this is set.
         os.environ["SPT_NOENV"] = "1"
+        # Isolated (-I): this folder, where vllm.py lives, stays off the guard's import path.
         self._process = subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), os.environ[OWNER_VARIABLE]]
+            [sys.executable, "-I", str(Path(__file__).resolve()), os.environ[OWNER_VARIABLE]]
         )
 
     def stand_down(self) -> None:
