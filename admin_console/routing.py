@@ -1,4 +1,4 @@
-"""The console's WebSocket routes, mounted by config/asgi.py."""
+"""The console's WebSocket routes, mounted by config/routing.py."""
 
 from django.urls import path
 

@@ -1,24 +1,16 @@
-"""ASGI entry point for daphne: HTTP (with static files) through Django; the console's live
-socket through Channels, for signed-in staff on this site's own pages."""
+"""ASGI entry point for daphne: the start-up checks, then the application of `config.routing`."""
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
+
+from config.startup import system_checks_enforce
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-django_asgi_app = get_asgi_application()
+django.setup(set_prefix=False)
+# daphne, unlike runserver, runs no system checks of its own.
+system_checks_enforce()
 
-# Imported once Django is set up: they reach models and settings.
-from channels.auth import AuthMiddlewareStack  # noqa: E402
-from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+from config.routing import application  # noqa: E402
 
-from admin_console.routing import websocket_urlpatterns  # noqa: E402
-
-application = ProtocolTypeRouter(
-    {
-        "http": ASGIStaticFilesHandler(django_asgi_app),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
-    }
-)
+__all__ = ["application"]

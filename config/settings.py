@@ -176,6 +176,10 @@ GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
 SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
 SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 2.0)
 RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
+# The read timeout of the proxy in front of the web processes (deploy/nginx.conf: 10 min for
+# /v1/, 1 h for streams); 0 when nothing sits in front. Streams stay open by sending
+# heartbeats more often; a non-streamed API answer must arrive within it.
+PROXY_READ_TIMEOUT_S = env_float("PROXY_READ_TIMEOUT_S", 600.0)
 
 # --- OpenAI-compatible API and batch jobs ----------------------------------------------------
 # An API call whose client went away is cancelled after this long (0: at once). Unlike a
@@ -250,6 +254,10 @@ JOB_MAX_ATTEMPTS = env_int("JOB_MAX_ATTEMPTS", 3)
 WORKER_HEARTBEAT_S = env_float("WORKER_HEARTBEAT_S", 1.0)
 WORKER_HEARTBEAT_TTL_S = env_float("WORKER_HEARTBEAT_TTL_S", 5.0)
 WORKER_DRAIN_TIMEOUT_S = env_float("WORKER_DRAIN_TIMEOUT_S", 30.0)
+# How long the process manager waits after SIGTERM before it kills a worker (Kubernetes'
+# terminationGracePeriodSeconds, systemd's TimeoutStopSec; `make run` waits this long). The
+# drain must end within it, leaving time to hand jobs back and stop the engine.
+WORKER_TERMINATION_GRACE_S = env_float("WORKER_TERMINATION_GRACE_S", 40.0)
 # A worker's guess of how long an answer takes until it has measured some (wait predictions).
 SERVICE_TIME_PRIOR_S = env_float("SERVICE_TIME_PRIOR_S", 10.0)
 

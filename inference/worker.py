@@ -32,6 +32,7 @@ from scheduler.admission import request_finished
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import async_redis
 from scheduler.results import TERMINAL_EVENTS, ResultPublisher, abandoned_request_ids, last_event_type
+from scheduler.rules import lease_renewal_s
 
 logger = logging.getLogger(__name__)
 
@@ -432,7 +433,7 @@ class InferenceWorker:
 
     async def _lease_loop(self) -> None:
         """Renew leases on running jobs and take over jobs whose worker died."""
-        interval = max(0.2, self.config.lease_s / 3)
+        interval = lease_renewal_s(self.config.lease_s)
         while True:
             await asyncio.sleep(interval)
             try:

@@ -9,7 +9,7 @@ from django.conf import settings
 from django.test import Client
 
 from chat.models import User
-from config.asgi import application
+from config.routing import application
 from scheduler import timeseries
 from tests.admin_console.conftest import heartbeat
 

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+from django.core.checks import run_checks
 from django.test import Client
 from django.urls import resolve
 
@@ -125,6 +126,23 @@ def test_a_valid_policy_edit_is_saved_and_an_invalid_one_shows_why(client_staff)
     assert b"Ensure this value is greater than or equal to 1." in refused.content
     assert TierPolicy.objects.get(tier="vip").max_queued == 33
     assert AuditLog.objects.count() == 1
+
+
+def test_a_policy_that_cannot_work_is_refused_in_the_words_of_manage_py_check(client_staff, settings):
+    values = {
+        f"vip-{name}": value
+        for name, value in TierPolicy.objects.filter(tier="vip").values().get().items()
+        if name not in {"tier", "updated_at"}
+    }
+    refused = client_staff.post("/console/limits/vip", {**values, "vip-wait_slo_s": 60, "vip-max_wait_s": 30})
+    assert refused.status_code == 400
+    assert TierPolicy.objects.get(tier="vip").wait_slo_s == values["vip-wait_slo_s"]
+    settings.RATE_LIMIT_POLICIES = {
+        **settings.RATE_LIMIT_POLICIES,
+        "vip": {**settings.RATE_LIMIT_POLICIES["vip"], "wait_slo_s": 60.0, "max_wait_s": 30.0},
+    }
+    [check] = [message for message in run_checks() if message.id == "scheduler.E101"]
+    assert f"{check.msg} {check.hint}".encode() in refused.content
 
 
 def test_a_drain_button_asks_the_worker_to_drain(client_staff):
