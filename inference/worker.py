@@ -495,6 +495,7 @@ class InferenceWorker:
                     max_count=self.slots - len(self.running),
                     max_attempts=self.config.max_attempts,
                 )
+                await self.queue.dead_workers_forget(stale_s=settings.WORKER_HEARTBEAT_TTL_S)
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: lease upkeep failed (%s)", self.worker_id, exc)
                 continue
