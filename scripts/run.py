@@ -141,6 +141,11 @@ def main() -> None:
                         "INFO",
                         "--concurrency",
                         "2",
+                        # Worker events, mingle and gossip serve monitoring tools we do not run;
+                        # their publishing retries Redis for ever and holds up a warm shutdown.
+                        "--without-heartbeat",
+                        "--without-mingle",
+                        "--without-gossip",
                     ],
                     env,
                 ),

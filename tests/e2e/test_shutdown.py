@@ -2,9 +2,12 @@
 worker could not hand back is finished by another worker once Redis returns."""
 
 import asyncio
+import contextlib
 import json
+import os
 import signal
 import subprocess
+import time
 
 import pytest
 import redis
@@ -64,6 +67,18 @@ async def _until_forgotten(stack, worker_id: str) -> None:
         await asyncio.sleep(0.1)
 
 
+def _group_exits(pgid: int) -> bool:
+    """Wait for every process of a group (Celery and its beat) to be gone."""
+    deadline = time.monotonic() + EXIT_DEADLINE_S
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
 def _exits(process: subprocess.Popen) -> int | None:
     try:
         return process.wait(timeout=EXIT_DEADLINE_S)
@@ -99,3 +114,64 @@ def test_a_worker_stopped_while_redis_is_down_exits_and_its_job_is_finished_by_a
     assert result.of("reset"), "the stream was not told that the answer restarted"
     assert result.text.startswith("[simulated]")
     assert stack.count_assistant_messages(request_id) == [("done", result.text)]
+
+
+@contextlib.contextmanager
+def _redis_paused(stack):
+    """Redis stops answering without closing anything, as an overloaded or cut-off one does."""
+    stack.redis.process.send_signal(signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        stack.redis.process.send_signal(signal.SIGCONT)
+
+
+@contextlib.contextmanager
+def _redis_down(stack):
+    stack.redis.stop()
+    try:
+        yield
+    finally:
+        stack.redis.start()
+
+
+def test_a_worker_stopped_while_redis_does_not_answer_exits(stack):
+    worker = stack.start_worker()
+    stack.workers.remove(worker)
+    with _redis_paused(stack):
+        worker.send_signal(signal.SIGTERM)
+        returncode = _exits(worker)
+    if returncode is None:
+        worker.kill()
+    assert returncode is not None, "the worker did not exit after SIGTERM while Redis did not answer"
+
+
+@pytest.mark.parametrize("redis_state", [_redis_down, _redis_paused], ids=["down", "not-answering"])
+def test_celery_with_beat_stopped_while_redis_is_unavailable_exits(stack, redis_state):
+    celery = stack.start_celery(beat=True)
+    with redis_state(stack):
+        celery.send_signal(signal.SIGTERM)
+        returncode = _exits(celery)
+        group_gone = _group_exits(celery.pid)
+    stack.celery_workers.remove(celery)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(celery.pid, signal.SIGKILL)
+    assert returncode is not None, "Celery did not exit after SIGTERM while Redis was unavailable"
+    assert group_gone, "Celery exited but left processes of its group (beat) behind"
+
+
+def test_web_stopped_while_redis_is_down_exits_with_streams_open(stack):
+    async def scenario():
+        async with ChatClient(stack.base_url) as guest:
+            conversation = await guest.open_page()
+            request_id = await guest.ask(conversation, "Stop the web while Redis is down")
+            stream = asyncio.create_task(guest.stream(request_id))
+            await asyncio.wait_for(_until_running(stack, 1), 60)
+            with _redis_down(stack):
+                stack.web.send_signal(signal.SIGTERM)
+                returncode = await asyncio.to_thread(_exits, stack.web)
+            stream.cancel()
+            return returncode
+
+    returncode = asyncio.run(scenario())
+    assert returncode is not None, "the web process did not exit after SIGTERM while Redis was down"
