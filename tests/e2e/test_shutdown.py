@@ -135,9 +135,19 @@ def _redis_down(stack):
         stack.redis.start()
 
 
+def _until_another_worker_reports(stack, known: set[str]) -> None:
+    deadline = time.monotonic() + 120
+    with _redis(stack) as client:
+        while not set(client.hkeys(keys.capacity("stable"))) - known:
+            assert time.monotonic() < deadline, "the new worker never reported"
+            time.sleep(0.05)
+
+
 def test_a_worker_stopped_while_redis_does_not_answer_exits(stack):
+    known = _known_workers(stack)
     worker = stack.start_worker()
     stack.workers.remove(worker)
+    _until_another_worker_reports(stack, known)  # serving, with its SIGTERM handler in place
     with _redis_paused(stack):
         worker.send_signal(signal.SIGTERM)
         returncode = _exits(worker)
