@@ -568,6 +568,8 @@ class InferenceWorker:
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: redis unavailable (%s); retrying", self.worker_id, exc)
             except TimeoutError:
+                if self._give_up_at is None:
+                    raise
                 raise RedisGaveUp from None
             if self._give_up_at is not None and loop.time() + delay >= self._give_up_at:
                 raise RedisGaveUp
