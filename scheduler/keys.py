@@ -40,6 +40,11 @@ def relay_wake(follower_id: str) -> str:
     return f"llm:relay:wake:{follower_id}"
 
 
+def publisher_batch(publisher_id: str) -> str:
+    """A worker's result publisher: the number of the last batch it wrote (retries skip it)."""
+    return f"llm:publisher:{publisher_id}:batch"
+
+
 def cancel(request_id: str) -> str:
     return f"llm:cancel:{request_id}"
 

@@ -63,16 +63,22 @@ class ResultEvent:
 
 # One call writes a whole batch: the per-command cost of a pipeline (packing, parsing a reply
 # per entry) is what limits a worker streaming to thousands of clients.
+# A batch is written at most once: a retry after a reply lost to a broken connection must not
+# append the same tokens again, so the script records the publisher's last batch number and a
+# batch it has already written is skipped. Script and record are one atomic step.
 _PUBLISH = """
--- KEYS: the stream of each event; ARGV: ttl_s, then (type, data) per event
-for i = 1, #KEYS do
-  local kind = ARGV[2 * i]
-  redis.call('XADD', KEYS[i], '*', 'type', kind, 'data', ARGV[2 * i + 1])
+-- KEYS: the publisher's last-batch record, then the stream of each event
+-- ARGV: ttl_s, batch number, then (type, data) per event
+if redis.call('GET', KEYS[1]) == ARGV[2] then return 0 end
+for i = 2, #KEYS do
+  local kind = ARGV[2 * i - 1]
+  redis.call('XADD', KEYS[i], '*', 'type', kind, 'data', ARGV[2 * i])
   if kind == 'start' or kind == 'done' or kind == 'error' then
     redis.call('EXPIRE', KEYS[i], ARGV[1])
   end
 end
-return #KEYS
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
+return #KEYS - 1
 """
 
 
@@ -82,6 +88,8 @@ class ResultPublisher:
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
         self._publish = async_script(client, _PUBLISH)
+        self._batch_key = keys.publisher_batch(uuid.uuid4().hex)
+        self._batches = 0
         self._buffer: list[tuple[str, str, str]] = []
         self._written: asyncio.Future[None] | None = None
         self._wakeup = asyncio.Event()
@@ -106,13 +114,15 @@ class ResultPublisher:
 
     async def _write(self, batch: list[tuple[str, str, str]]) -> None:
         """Write one batch, retrying through a Redis restart: tokens are late, never lost."""
+        self._batches += 1
+        args: list[str | int] = [settings.RESULT_TTL_S, self._batches]
+        for _, kind, data in batch:
+            args += [kind, data]
+        streams = [self._batch_key, *(stream for stream, _, _ in batch)]
         attempt = 0
         while True:
-            args: list[str | int] = [settings.RESULT_TTL_S]
-            for _, kind, data in batch:
-                args += [kind, data]
             try:
-                await self._publish(keys=[stream for stream, _, _ in batch], args=args)
+                await self._publish(keys=streams, args=args)
                 return
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 delay = _RETRY_DELAYS_S[min(attempt, len(_RETRY_DELAYS_S) - 1)]

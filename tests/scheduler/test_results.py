@@ -197,3 +197,40 @@ def test_subscribers_of_a_follower_that_dies_get_an_error_and_a_new_subscription
     first_events, second_events = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert [(e.type, e.data["code"]) for e in first_events] == [("error", "relay_failed")]
     assert [e.type for e in second_events] == ["done"]
+
+
+def test_a_batch_whose_reply_was_lost_is_not_written_twice_when_retried():
+    """The connection broke after Redis wrote the batch: the retry must not repeat its tokens."""
+
+    async def scenario():
+        client = new_async_redis()
+        publisher = ResultPublisher(client)
+        real_publish = publisher._publish
+        replies_lost = 0
+
+        async def reply_lost_once(**kwargs):
+            nonlocal replies_lost
+            written = await real_publish(**kwargs)
+            if replies_lost == 0:
+                replies_lost += 1
+                raise redis.ConnectionError("connection reset after the write")
+            return written
+
+        publisher._publish = reply_lost_once
+        publishing = asyncio.create_task(publisher.run())
+        try:
+            for n in range(3):
+                publisher.emit("v", "lost-reply", "token", {"seq": n, "text": f"t{n}"})
+            await publisher.emit("v", "lost-reply", "done", {"finish_reason": "stop"})
+            # Later batches are written as usual.
+            await publisher.emit("v", "next", "done", {"finish_reason": "stop"})
+        finally:
+            publishing.cancel()
+            await client.aclose()
+        return replies_lost
+
+    assert asyncio.run(scenario()) == 1
+    store = sync_redis()
+    kinds = [fields["type"] for _, fields in store.xrange(keys.result("v", "lost-reply"))]
+    assert kinds == ["token", "token", "token", "done"]
+    assert [fields["type"] for _, fields in store.xrange(keys.result("v", "next"))] == ["done"]
