@@ -4,6 +4,7 @@ import pytest
 from django.test import Client
 
 from chat.models import Conversation, Message, User
+from tests.chat.conftest import guest_key_of
 
 pytestmark = pytest.mark.django_db
 
@@ -67,9 +68,8 @@ def test_other_peoples_answers_cannot_be_rated(client_alice):
     assert answer.feedback is None
 
 
-def test_guests_cannot_vote_and_see_no_buttons():
-    guest = Client()
-    conversation = Conversation.objects.create(session_key=guest.session.session_key)
+def test_guests_cannot_vote_and_see_no_buttons(guest):
+    conversation = Conversation.objects.create(session_key=guest_key_of(guest))
     answer = Message.objects.create(
         conversation=conversation, role=Message.Role.ASSISTANT, status=Message.Status.DONE, content="Hi"
     )

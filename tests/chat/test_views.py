@@ -13,6 +13,7 @@ from scheduler import keys
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
+from tests.chat.conftest import guest_key_of
 
 pytestmark = pytest.mark.django_db
 
@@ -192,14 +193,15 @@ def test_cookieless_visits_write_nothing_to_the_database():
     assert not Conversation.objects.exists()
 
 
-def test_a_guests_first_message_makes_their_session_and_conversation():
+def test_a_guests_first_message_makes_their_conversation():
     guest = Client()
     conversation_id = _form_conversation_id(guest.get("/"))
     assert _post_to(guest, conversation_id, "hello").status_code == 202
     conversation = Conversation.objects.get()
     assert str(conversation.pk) == conversation_id
     assert conversation.owner is None
-    assert conversation.session_key == guest.session.session_key
+    assert conversation.session_key == guest_key_of(guest)
+    assert not Session.objects.exists()  # a guest needs no stored session
     # the page now shows it, and another guest cannot see it
     assert _form_conversation_id(guest.get("/")) == conversation_id
     assert Client().get(f"/chat/{conversation_id}").status_code == 404
@@ -229,10 +231,22 @@ def test_a_refused_first_message_leaves_no_conversation(client_alice):
     assert not Message.objects.exists()
 
 
-def test_a_guests_session_key_appears_neither_in_redis_nor_in_the_admin():
+def test_a_guests_first_messages_sent_at_once_all_land_in_their_conversations():
+    guest = Client()
+    guest.get("/")
+    # Three: the most answers a normal customer may have in progress.
+    offered = [guest.post("/chat/conversations", **JSON).json()["id"] for _ in range(3)]
+    # As a burst does: every post carries the cookie the page gave, none has been answered yet.
+    assert all(_post_to(guest, conversation_id, "hello").status_code == 202 for conversation_id in offered)
+    assert set(Conversation.objects.values_list("session_key", flat=True)) == {guest_key_of(guest)}
+    for conversation_id in offered:
+        assert guest.get(f"/chat/{conversation_id}").status_code == 200
+
+
+def test_a_guests_key_appears_neither_in_redis_nor_in_the_admin():
     guest = Client()
     assert _post_to(guest, _form_conversation_id(guest.get("/")), "hello").status_code == 202
-    session_key = guest.session.session_key
+    session_key = guest_key_of(guest)
     redis = sync_redis()
     for key in redis.scan_iter():
         assert session_key not in key
