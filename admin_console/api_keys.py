@@ -17,14 +17,14 @@ from django.views.decorators.http import require_GET, require_POST
 
 from chat import api_keys as key_services
 from chat.api_keys import IssuedApiKey
-from chat.models import ApiKey, User
+from chat.models import ACCOUNT_TIER_CHOICES, ApiKey, User
 
 
 class ApiKeyCreateForm(forms.Form):
     owner = forms.CharField(label="Owner (username)", max_length=150)
     name = forms.CharField(label="Name", max_length=100, required=False, help_text="What the key is for.")
     tier = forms.ChoiceField(
-        label="Tier", choices=[("", "The owner's tier"), *User.Tier.choices], required=False
+        label="Tier", choices=[("", "The owner's tier"), *ACCOUNT_TIER_CHOICES], required=False
     )
 
     def clean_owner(self) -> User:

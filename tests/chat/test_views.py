@@ -45,7 +45,8 @@ def test_a_message_is_stored_queued_and_answered_with_202_and_a_request_id(clien
     assert body["stream_url"] == f"/chat/stream/{body['request_id']}"
     user_message, assistant_message = conversation.messages.all()
     assert (user_message.role, user_message.content) == ("user", "Where is my order?")
-    assert (assistant_message.status, str(assistant_message.request_id)) == ("pending", body["request_id"])
+    answer = assistant_message.generation
+    assert (answer.status, str(answer.request_id)) == ("pending", body["request_id"])
     assert _queued() == 1
 
 

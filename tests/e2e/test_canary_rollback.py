@@ -48,8 +48,8 @@ def _answers(stack) -> list[dict]:
     with sqlite3.connect(stack.db_path) as db:
         db.row_factory = sqlite3.Row
         rows = db.execute(
-            "SELECT variant, status, error_code, created_at, completed_at FROM chat_message "
-            "WHERE role = 'assistant' ORDER BY completed_at"
+            "SELECT origin, variant, status, error_code, created_at, finished_at AS completed_at "
+            "FROM scheduler_generation ORDER BY finished_at"
         ).fetchall()
     return [dict(row) for row in rows]
 

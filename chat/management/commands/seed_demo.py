@@ -3,12 +3,13 @@
 from django.core.management.base import BaseCommand
 
 from chat.models import User
+from scheduler.generation import Tier
 
 DEMO_ACCOUNTS = [
     # username, password, tier, staff
-    ("alice", "alice-demo-pass", User.Tier.NORMAL, False),
-    ("victor", "victor-demo-pass", User.Tier.VIP, False),
-    ("sam", "sam-demo-pass", User.Tier.NORMAL, True),
+    ("alice", "alice-demo-pass", Tier.NORMAL, False),
+    ("victor", "victor-demo-pass", Tier.VIP, False),
+    ("sam", "sam-demo-pass", Tier.NORMAL, True),
 ]
 
 
