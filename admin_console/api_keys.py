@@ -13,8 +13,10 @@ from django.contrib.admin.views.decorators import staff_member_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import path
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_POST
 
+from admin_console import services
 from chat import api_keys as key_services
 from chat.api_keys import IssuedApiKey
 from chat.models import ACCOUNT_TIER_CHOICES, ApiKey, User
@@ -63,18 +65,24 @@ def api_key_create(request: HttpRequest) -> HttpResponse:
     form = ApiKeyCreateForm(request.POST)
     if not form.is_valid():
         return _render(request, api_keys_context(form=form), status=400)
-    issued = key_services.api_key_create(
-        owner=form.cleaned_data["owner"], name=form.cleaned_data["name"], tier=form.cleaned_data["tier"]
+    issued = services.api_key_create(
+        actor=request.user,
+        owner=form.cleaned_data["owner"],
+        name=form.cleaned_data["name"],
+        tier=form.cleaned_data["tier"],
     )
-    # Rendered, not redirected: the key must not travel through a session or a URL.
-    return _render(request, api_keys_context(issued=issued), status=201)
+    # Rendered, not redirected: the key must not travel through a session or a URL; and kept
+    # out of every cache (`no-store`), so Back or a shared proxy cannot show it again.
+    response = _render(request, api_keys_context(issued=issued), status=201)
+    add_never_cache_headers(response)
+    return response
 
 
 @require_POST
 @staff_member_required
 def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
     api_key = get_object_or_404(ApiKey, pk=key_id)
-    if key_services.api_key_revoke(api_key=api_key):
+    if services.api_key_revoke(actor=request.user, api_key=api_key):
         notice = f"Revoked {api_key.prefix}…: calls with it now get 401."
     else:
         notice = f"{api_key.prefix}… was already revoked."

@@ -22,6 +22,8 @@ class AuditLog(models.Model):
         CANARY_PROMOTE = "canary.promote", "Canary promoted"
         CANARY_ROLLBACK = "canary.rollback", "Canary rolled back"
         WORKER_DRAIN = "worker.drain", "Worker drain requested"
+        API_KEY_CREATE = "api_key.create", "API key issued"
+        API_KEY_REVOKE = "api_key.revoke", "API key revoked"
 
     # Automatic changes (the canary's evaluation) have no actor; the name survives the account.
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)

@@ -1,4 +1,4 @@
-"""Writes for the console: rate-limit policies, the canary, worker drains.
+"""Writes for the console: rate-limit policies, the canary, worker drains, API keys.
 
 Every change lands in the audit log (who, when, before, after) and reaches the scheduler's
 Redis mirror right after it commits, so it applies within a second without a restart.
@@ -15,7 +15,9 @@ from django.utils import timezone
 
 from admin_console import selectors
 from admin_console.models import AuditLog, CanaryRollout
-from chat.models import User
+from chat import api_keys
+from chat.api_keys import IssuedApiKey
+from chat.models import ApiKey, User
 from scheduler import control
 from scheduler.models import CanaryRouting, TierPolicy
 from scheduler.policy import policies_mirror
@@ -47,10 +49,12 @@ def _audit(
     target: str,
     before: dict[str, Any] | None,
     after: dict[str, Any] | None,
+    unattended_by: str = EVALUATION_ACTOR_NAME,
 ) -> AuditLog:
+    """`unattended_by` names who made a change without an account (`actor` None)."""
     return AuditLog.objects.create(
         actor=actor,
-        actor_name=actor.get_username() if actor is not None else EVALUATION_ACTOR_NAME,
+        actor_name=actor.get_username() if actor is not None else unattended_by,
         action=action,
         target=target,
         before=before,
@@ -329,3 +333,48 @@ def worker_drain(*, actor: User, worker_id: str) -> None:
         before={"variant": worker.variant, "draining": bool(worker.state.get("draining"))},
         after={"variant": worker.variant, "draining": True},
     )
+
+
+# --- API keys -----------------------------------------------------------------------------------
+# `actor` None: a key managed from the command line (`manage.py apikey`), named as such.
+COMMAND_LINE_ACTOR_NAME = "manage.py apikey"
+
+
+def _api_key_values(api_key: ApiKey) -> dict[str, Any]:
+    return {
+        "owner": api_key.owner.get_username(),
+        "name": api_key.name,
+        "tier": api_key.tier or "owner's",
+        "revoked": api_key.revoked_at is not None,
+    }
+
+
+def api_key_create(*, actor: User | None, owner: User, name: str = "", tier: str = "") -> IssuedApiKey:
+    with transaction.atomic():
+        issued = api_keys.api_key_create(owner=owner, name=name, tier=tier)
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.API_KEY_CREATE,
+            target=issued.api_key.prefix,
+            before=None,
+            after=_api_key_values(issued.api_key),
+            unattended_by=COMMAND_LINE_ACTOR_NAME,
+        )
+    return issued
+
+
+def api_key_revoke(*, actor: User | None, api_key: ApiKey) -> bool:
+    """False when the key was already revoked (nothing to audit)."""
+    with transaction.atomic():
+        before = _api_key_values(api_key)
+        revoked = api_keys.api_key_revoke(api_key=api_key)
+        if revoked:
+            _audit(
+                actor=actor,
+                action=AuditLog.Action.API_KEY_REVOKE,
+                target=api_key.prefix,
+                before=before,
+                after=_api_key_values(api_key),
+                unattended_by=COMMAND_LINE_ACTOR_NAME,
+            )
+    return revoked

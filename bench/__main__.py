@@ -1,6 +1,6 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
-Scenarios: overhead, fanout, batching, idle, scheduling (see docs/BENCHMARKS.md).
+Scenarios: overhead, fanout, batching, idle, scheduling, soak (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -16,8 +16,6 @@ from pathlib import Path
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
-from bench import plots, scenarios
-
 OUT = Path(__file__).resolve().parent.parent / "docs" / "bench"
 
 
@@ -31,16 +29,39 @@ def machine() -> dict:
     }
 
 
+def _print_soak(report: dict) -> None:
+    for kind, row in [("all", report["all"]), *sorted(report["per_kind"].items())]:
+        print(
+            f"{kind:<12} accepted {row['accepted']:5}  completed {row['completed']:5}  lost {row['lost']}  "
+            f"duplicated tokens {row['duplicated_tokens']}  skipped tokens {row['skipped_tokens']}  "
+            f"wrong answers {row['wrong_answers']}  cut {row['cut']}  errors {row['errors'] or 0}"
+        )
+    print(f"unanswered in the result streams: {report['all']['unanswered_in_result_streams']}")
+    print(f"refused: {report['refusals'] or 0}; web unreachable: {report['unreachable'] or 0}")
+    for process, row in sorted(report["memory"].items()):
+        growth = row["second_half_growth_mb"]
+        print(
+            f"{process:<18} RSS start {row['start_mb']:7.1f} MB  end {row['end_mb']:7.1f} MB  "
+            f"peak {row['peak_mb']:7.1f} MB  second half {'' if growth is None else f'{growth:+.1f} MB'}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenario", choices=["overhead", "fanout", "batching", "idle", "scheduling"])
+    parser.add_argument("scenario", choices=["overhead", "fanout", "batching", "idle", "scheduling", "soak"])
     parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
     parser.add_argument("--rounds", type=int, default=3, help="overhead: interleaved rounds")
     parser.add_argument("--streams", default="200,1000,2000", help="fanout: stream counts")
     parser.add_argument("--idle-streams", type=int, default=2000)
-    parser.add_argument("--duration", type=float, default=60.0, help="scheduling: seconds of arrivals")
+    parser.add_argument(
+        "--duration", type=float, help="seconds of traffic: scheduling (default 60), soak (default 600)"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    # Imported once the arguments are read: `--help` needs none of what a run needs.
+    from bench import plots, scenarios, soak
+
+    plots.pyplot()  # without matplotlib, stop now rather than after the run
 
     # Thousands of streams need thousands of sockets, here and in the processes we start.
     _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -83,8 +104,13 @@ def main() -> None:
             f"lateness p50 {lateness['p50']:.3f} s, p99 {lateness['p99']:.3f} s, max "
             f"{report['heartbeat_lateness_max_s']:.3f} s over {report['heartbeats']} heartbeats"
         )
+    elif args.scenario == "soak":
+        report = soak.soak(duration_s=args.duration or 600.0)
+        name = "soak"
+        png = plots.soak(report, args.out / f"{name}.png")
+        _print_soak(report)
     else:
-        report = scenarios.scheduling(duration_s=args.duration, overload=2.0, vip_share=0.2)
+        report = scenarios.scheduling(duration_s=args.duration or 60.0, overload=2.0, vip_share=0.2)
         name = "scheduling"
         png = plots.scheduling(report, args.out / f"{name}.png")
         for mode in ("policy", "fifo"):

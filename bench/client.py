@@ -11,9 +11,11 @@ import asyncio
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from http.cookies import SimpleCookie
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from scheduler.generation import TERMINAL_EVENTS, Done, Error, event_decode
@@ -79,12 +81,16 @@ class Session:
         path: str,
         *,
         form: dict[str, str] | None = None,
+        json_body: Any = None,
         headers: dict[str, str] | None = None,
     ) -> Response:
         body = urlencode(form).encode() if form is not None else b""
         extra = dict(headers or {})
         if form is not None:
             extra["Content-Type"] = "application/x-www-form-urlencoded"
+        if json_body is not None:
+            body = json.dumps(json_body).encode()
+            extra["Content-Type"] = "application/json"
         for attempt in range(2):  # a kept-alive connection the server closed: reconnect once
             if self._conn is None:
                 self._conn = await asyncio.open_connection(self.host, self.port)
@@ -184,6 +190,63 @@ class Session:
             trace.closed_at = time.perf_counter()
             writer.close()
         return trace
+
+    @asynccontextmanager
+    async def sse(
+        self, method: str, path: str, *, headers: dict[str, str], json_body: Any = None
+    ) -> AsyncIterator[tuple[Response, AsyncIterator[SseEvent]]]:
+        """One request on its own connection, as EventSource makes it. Yields the response (with
+        the whole body unless it is a 200 event stream) and its events in order; heartbeat
+        comments are skipped. Raises ConnectionError when the server is not there."""
+        reader, writer = await asyncio.open_connection(self.host, self.port, limit=2**20)
+        try:
+            body = json.dumps(json_body).encode() if json_body is not None else b""
+            extra = {"Accept": "text/event-stream", **headers}
+            if body:
+                extra["Content-Type"] = "application/json"
+            writer.write(self._head(method, path, extra, body))
+            status, raw_headers = await _read_head(reader)
+            response_headers = dict(raw_headers)
+            if status != 200 or not response_headers.get("content-type", "").startswith("text/event-stream"):
+                if response_headers.get("transfer-encoding") == "chunked":
+                    payload = b"".join([chunk async for chunk in _chunks(reader)])
+                else:
+                    length = int(response_headers.get("content-length", "0"))
+                    payload = await reader.readexactly(length) if length else b""
+                yield Response(status, response_headers, payload), _no_events()
+                return
+            yield Response(status, response_headers, b""), _sse_blocks(reader)
+        finally:
+            writer.close()
+
+
+@dataclass
+class SseEvent:
+    event: str  # "message" when the block names none (OpenAI's chunks)
+    data: str
+    id: str | None
+    arrived_at: float
+
+
+async def _no_events() -> AsyncIterator[SseEvent]:
+    return
+    yield
+
+
+async def _sse_blocks(reader: asyncio.StreamReader) -> AsyncIterator[SseEvent]:
+    buffer = b""
+    async for chunk in _chunks(reader):
+        now = time.perf_counter()
+        buffer += chunk
+        while b"\n\n" in buffer:
+            block, buffer = buffer.split(b"\n\n", 1)
+            fields: dict[str, str] = {}
+            for line in block.decode().split("\n"):
+                name, _, value = line.partition(":")
+                if name:  # a line starting with ":" is a comment
+                    fields[name] = value.removeprefix(" ")
+            if "data" in fields:
+                yield SseEvent(fields.get("event", "message"), fields["data"], fields.get("id"), now)
 
 
 async def _read_head(reader: asyncio.StreamReader) -> tuple[int, list[tuple[str, str]]]:

@@ -1,23 +1,37 @@
-"""PNG figures for the benchmark report (matplotlib, drawn without a display)."""
+"""PNG figures for the benchmark report (matplotlib, drawn without a display).
+
+matplotlib is imported only when a figure is drawn: it comes with the `bench` extra, and
+`python -m bench --help` must work without it.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from types import ModuleType
 
-import matplotlib
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
+def pyplot() -> ModuleType:
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise SystemExit(
+            "Drawing the figures needs matplotlib: `make bench`, or `.venv/bin/pip install -e '.[bench]'`."
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot
+
+    return matplotlib.pyplot
 
 
 def _save(figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=110)
-    plt.close(figure)
+    pyplot().close(figure)
     return path
 
 
 def overhead(report: dict, path: Path) -> Path:
+    plt = pyplot()
     concurrencies = sorted(report["table"])
     rows = [report["table"][c] for c in concurrencies]
     figure, (ttft, tps) = plt.subplots(1, 2, figsize=(10, 4))
@@ -56,6 +70,7 @@ def overhead(report: dict, path: Path) -> Path:
 
 
 def fanout(report: dict, path: Path) -> Path:
+    plt = pyplot()
     counts = sorted(report["table"])
     rows = [report["table"][c] for c in counts]
     figure, (tps, itl) = plt.subplots(1, 2, figsize=(10, 4))
@@ -74,6 +89,7 @@ def fanout(report: dict, path: Path) -> Path:
 
 
 def batching(report: dict, path: Path) -> Path:
+    plt = pyplot()
     concurrencies = sorted(report["table"])
     figure, axis = plt.subplots(figsize=(6, 4))
     axis.plot(concurrencies, [report["table"][c]["output_tokens_per_s"] for c in concurrencies], "o-")
@@ -87,6 +103,7 @@ def batching(report: dict, path: Path) -> Path:
 
 
 def idle(report: dict, path: Path) -> Path:
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(6, 4))
     axis.hist([s * 1000 for s in report["lateness_samples"]], bins=40)
     axis.set(
@@ -98,6 +115,7 @@ def idle(report: dict, path: Path) -> Path:
 
 
 def scheduling(report: dict, path: Path) -> Path:
+    plt = pyplot()
     figure, (cdf, depth) = plt.subplots(1, 2, figsize=(11, 4))
     for mode, style in (("policy", "-"), ("fifo", "--")):
         for tier in ("vip", "normal"):
@@ -118,4 +136,32 @@ def scheduling(report: dict, path: Path) -> Path:
     figure.suptitle(
         f"{report['offered_rate_per_s'] / report['engine_capacity_per_s']:.1f}x the engine's capacity"
     )
+    return _save(figure, path)
+
+
+def soak(report: dict, path: Path) -> Path:
+    plt = pyplot()
+    figure, (memory, outcomes) = plt.subplots(1, 2, figsize=(12, 4.5), gridspec_kw={"width_ratios": [2, 1]})
+    for process, row in sorted(report["memory"].items()):
+        memory.plot([t for t, _ in row["samples"]], [rss for _, rss in row["samples"]], label=process)
+    for at, label in report["chaos"]:
+        if label.startswith(("SIGKILL", "restarting")):
+            memory.axvline(at, color="grey", linewidth=0.6, linestyle=":")
+    memory.set(xlabel="time (s); dotted: a fault", ylabel="RSS (MB)", title="Memory of each process")
+    memory.legend(fontsize=6, ncol=2)
+    kinds = sorted(report["per_kind"])
+    rows = [report["per_kind"][kind] for kind in kinds]
+    bottoms = [0] * len(kinds)
+    for label, values in (
+        ("completed", [r["completed"] for r in rows]),
+        ("error", [sum(r["errors"].values()) for r in rows]),
+        ("cut", [r["cut"] for r in rows]),
+        ("lost", [r["lost"] for r in rows]),
+    ):
+        outcomes.bar(kinds, values, bottom=bottoms, label=label)
+        bottoms = [b + v for b, v in zip(bottoms, values, strict=True)]
+    outcomes.set(ylabel="accepted requests", title="How each accepted request ended")
+    outcomes.tick_params(axis="x", labelrotation=30)
+    outcomes.legend()
+    figure.suptitle(f"Chaos soak, {report['duration_s'] / 60:.0f} min (simulated engine, two workers)")
     return _save(figure, path)

@@ -20,9 +20,8 @@ import redis.asyncio as aioredis
 from bench.client import Session
 from bench.load import SessionPool, fixed_concurrency, poisson
 from bench.stats import RequestResult, distribution, percentile, summarize
+from launcher.stack import Stack
 from scheduler import keys
-from tests.e2e.stack import Stack
-from tests.processes import stop
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -60,7 +59,7 @@ def running(stack_env: dict[str, str], *, worker: bool = True):
     stack = Stack(Path(tempfile.mkdtemp(prefix="bench-")), **stack_env)
     print(f"  starting the product ({stack_env.get('INFERENCE_ENGINE', 'vllm')} engine)...", flush=True)
     started = time.perf_counter()
-    stack.start(worker=worker)
+    stack.start(worker=worker)  # stops what it started if it fails
     print(f"  ready in {time.perf_counter() - started:.1f} s", flush=True)
     try:
         yield stack
@@ -308,8 +307,7 @@ def fanout(*, streams: list[int], tokens: int) -> dict:
             print(f"  {count} streams: through the stack...", flush=True)
             measured = asyncio.run(through_stack(count))
             for worker in list(stack.workers):
-                stop(worker)
-                stack.workers.remove(worker)
+                stack.stop_worker(worker)
             table[count] = {
                 "bare": ceiling,
                 "stack": measured,

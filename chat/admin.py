@@ -3,7 +3,7 @@ from django.contrib.auth.admin import UserAdmin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from chat import api_keys
+from admin_console import services as console_services
 from chat.models import ApiKey, BatchJob, Conversation, Message, User
 
 
@@ -24,6 +24,8 @@ class MessageInline(admin.TabularInline):
 @admin.register(Conversation)
 class ConversationAdmin(admin.ModelAdmin):
     list_display = ("id", "owner", "updated_at")
+    # A guest's session key signs in as that guest: it is never shown.
+    exclude = ("session_key",)
     inlines = [MessageInline]
 
 
@@ -44,7 +46,7 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        revoked = sum(api_keys.api_key_revoke(api_key=key) for key in queryset)
+        revoked = sum(console_services.api_key_revoke(actor=request.user, api_key=key) for key in queryset)
         self.message_user(request, f"Revoked {revoked} key(s).", messages.SUCCESS)
 
 

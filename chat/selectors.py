@@ -2,7 +2,8 @@
 
 from uuid import UUID
 
-from django.db.models import Q, QuerySet
+from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Left
 
 from chat.models import Conversation, Message, User
 
@@ -22,17 +23,36 @@ def conversation_get(*, conversation_id: UUID, user: User | None, session_key: s
     return Conversation.objects.get(_owned_by(user, session_key), pk=conversation_id)
 
 
+def conversation_exists(*, conversation_id: UUID) -> bool:
+    """Whoever owns it."""
+    return Conversation.objects.filter(pk=conversation_id).exists()
+
+
 def conversation_latest(*, user: User | None, session_key: str | None) -> Conversation | None:
     return Conversation.objects.filter(_owned_by(user, session_key)).first()
+
+
+# The sidebar shortens a title further; reading only this much keeps a list of long questions light.
+_TITLE_SOURCE_CHARS = 100
 
 
 def conversation_list(
     *, user: User | None, session_key: str | None, limit: int = 20
 ) -> QuerySet[Conversation]:
-    return Conversation.objects.filter(_owned_by(user, session_key))[:limit]
+    """The client's recent conversations, each with `title`: the start of its first question
+    (None while nothing has been asked)."""
+    first_question = (
+        Message.objects.filter(conversation=OuterRef("pk"), role=Message.Role.USER)
+        .order_by("created_at", "id")
+        .values(head=Left("content", _TITLE_SOURCE_CHARS))[:1]
+    )
+    owned = Conversation.objects.filter(_owned_by(user, session_key))
+    return owned.annotate(title=Subquery(first_question))[:limit]
 
 
 def conversation_messages(*, conversation: Conversation) -> QuerySet[Message]:
+    if conversation._state.adding:  # a new conversation, saved with its first message
+        return Message.objects.none()
     return conversation.messages.select_related("generation")
 
 

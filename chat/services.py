@@ -5,12 +5,15 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
+from uuid import UUID
 
 from django.conf import settings
-from django.db import transaction
+from django.contrib.sessions.models import Session
+from django.db import IntegrityError, transaction
 from django.db.models import Q, QuerySet
 from django.db.models.functions import Coalesce
 from django.utils import timezone
+from django.utils.crypto import constant_time_compare, salted_hmac
 
 from chat.models import Conversation, Message, User
 from scheduler import control
@@ -39,10 +42,40 @@ class PostedMessage:
     admission: Admission
 
 
-def conversation_create(*, owner: User | None, session_key: str) -> Conversation:
+# A new conversation is stored with its first message, never before: a visit, or a press of
+# "New chat", writes nothing. Until then its id is an offer, recognisable by a keyed hash in
+# its last 8 bytes, so that an id nobody was offered stays unknown (404).
+_OFFER_SALT = "chat.conversation-offer"
+
+
+def _offer_tag(nonce: bytes) -> bytes:
+    return salted_hmac(_OFFER_SALT, nonce, algorithm="sha256").digest()[:8]
+
+
+def conversation_id_offer() -> UUID:
+    """An id for a conversation that comes to exist when a first message is posted to it."""
+    nonce = uuid.uuid4().bytes[:8]
+    return UUID(bytes=nonce + _offer_tag(nonce))
+
+
+def conversation_id_offered(conversation_id: UUID) -> bool:
+    raw = conversation_id.bytes
+    return constant_time_compare(raw[8:], _offer_tag(raw[:8]))
+
+
+def conversation_new(*, conversation_id: UUID, owner: User | None, session_key: str) -> Conversation:
+    """An offered conversation, not yet saved: message_post saves it with its first message."""
     if owner is not None and owner.is_authenticated:
-        return Conversation.objects.create(owner=owner)
-    return Conversation.objects.create(session_key=session_key)
+        return Conversation(id=conversation_id, owner=owner)
+    return Conversation(id=conversation_id, session_key=session_key)
+
+
+def _conversation_insert(conversation: Conversation) -> None:
+    try:
+        conversation.save(force_insert=True)
+    except IntegrityError as exc:
+        # The first message of the same new conversation, posted twice at once: one wins.
+        raise ConversationBusy("Please wait for the current answer, or stop it, first.") from exc
 
 
 def _validated_text(text: str) -> str:
@@ -90,14 +123,18 @@ def message_post(
     client_id: str,
     client_address: str | None = None,
 ) -> PostedMessage:
-    """Persist the user's message and queue its answer.
+    """Persist the user's message and queue its answer; a new conversation (conversation_new)
+    is saved with it.
 
     Raises MessageRejected, ConversationBusy, or scheduler.admission.AdmissionRefused; on any
-    refusal nothing of this message stays behind.
+    refusal nothing of this message stays behind, nor a conversation saved for it.
     """
     text = _validated_text(text)
     request_id = uuid.uuid4()
     variant = variant_for(conversation_id=str(conversation.pk))
+    is_new = conversation._state.adding
+    if is_new:
+        _conversation_insert(conversation)
     with transaction.atomic():
         if _unfinished_answers(conversation).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
@@ -120,6 +157,8 @@ def message_post(
         admission = request_submit(job=job, client_address=client_address)
     except Exception:
         Message.objects.filter(pk__in=[user_message.pk, assistant_message.pk]).delete()
+        if is_new:
+            conversation.delete()
         raise
     return PostedMessage(user_message, assistant_message, admission)
 
@@ -152,4 +191,10 @@ def message_feedback_set(*, message: Message, feedback: Message.Feedback) -> Mes
 def guest_conversations_purge(*, older_than_days: int) -> int:
     cutoff = timezone.now() - timedelta(days=older_than_days)
     deleted, _ = Conversation.objects.filter(owner__isnull=True, updated_at__lt=cutoff).delete()
+    return deleted
+
+
+def sessions_expired_purge() -> int:
+    """Delete expired sessions, as `manage.py clearsessions` does for the database backend."""
+    deleted, _ = Session.objects.filter(expire_date__lt=timezone.now()).delete()
     return deleted

@@ -24,6 +24,11 @@ def purge_guest_conversations() -> int:
     return services.guest_conversations_purge(older_than_days=settings.GUEST_RETENTION_DAYS)
 
 
+@shared_task
+def purge_expired_sessions() -> int:
+    return services.sessions_expired_purge()
+
+
 @shared_task(ignore_result=True)
 def job_run(job_id: str) -> None:
     """Feed a batch job for one slice; while it is unfinished, a fresh task takes the next."""

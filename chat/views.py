@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import logging
+import math
+from typing import Any
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.contrib.auth import views as auth_views
+from django.contrib.auth.forms import AuthenticationForm
 from django.http import (
     Http404,
     HttpRequest,
@@ -15,10 +21,11 @@ from django.http import (
 )
 from django.shortcuts import redirect, render
 from django.urls import reverse
+from django.utils.crypto import salted_hmac
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from chat import selectors, services
+from chat import login_throttle, selectors, services
 from chat.models import Conversation, Message, User
 from chat.relay import relay_events
 from chat.sse import SSE_HEADERS
@@ -26,13 +33,16 @@ from scheduler.admission import AdmissionRefused
 from scheduler.generation import Tier
 from scheduler.results import parse_event_id
 
+logger = logging.getLogger(__name__)
+
 
 class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
 def _session_key(request: HttpRequest) -> str:
-    """Guests are identified by their session; make sure they have one."""
+    """Guests are identified by their session; make sure they have one. Only what a guest posts
+    calls this: a visit alone stores nothing."""
     if not request.session.session_key:
         request.session.save()
     return request.session.session_key or ""
@@ -44,21 +54,41 @@ def _client(request: HttpRequest) -> tuple[User | None, str]:
 
 
 def _client_id(request: HttpRequest) -> str:
+    """Who admission's per-client limits count against. A guest's session key would sign them
+    in as that guest, so Redis keys and job payloads carry a keyed hash of it instead."""
     if request.user.is_authenticated:
         return f"user:{request.user.pk}"
-    return f"session:{_session_key(request)}"
+    digest = salted_hmac("chat.guest-client-id", _session_key(request), algorithm="sha256").hexdigest()
+    return f"guest:{digest[:32]}"
 
 
-def _guest_address(request: HttpRequest) -> str | None:
-    """A guest's network address (for the per-address bucket): the peer, or the address the
-    trusted proxy in front of us saw. Accounts are limited per account instead."""
-    if request.user.is_authenticated:
-        return None
+@functools.cache
+def _warn_forwarded_for_ignored() -> None:
+    logger.warning(
+        "A request came with X-Forwarded-For, but TRUSTED_PROXIES is empty, so the header is "
+        "ignored and every client behind the proxy shares the proxy's address (and its rate "
+        "limit). Set TRUSTED_PROXIES to the proxy's address."
+    )
+
+
+def client_address(request: HttpRequest) -> str:
+    """The client's network address: the peer, or the address the trusted proxy in front of us
+    saw."""
     address = request.META.get("REMOTE_ADDR", "")
     forwarded = request.headers.get("X-Forwarded-For")
     if forwarded and address in settings.TRUSTED_PROXIES:
         address = forwarded.split(",")[-1].strip()
-    return address or None
+    elif forwarded and not settings.TRUSTED_PROXIES:
+        _warn_forwarded_for_ignored()
+    return address
+
+
+def _guest_address(request: HttpRequest) -> str | None:
+    """A guest's network address (for the per-address bucket). Accounts are limited per account
+    instead."""
+    if request.user.is_authenticated:
+        return None
+    return client_address(request) or None
 
 
 def _tier(request: HttpRequest) -> str:
@@ -77,11 +107,16 @@ def _error(status: int, code: str, message: str, retry_after_s: int | None = Non
 
 
 def _conversation_or_404(request: HttpRequest, conversation_id: UUID) -> Conversation:
+    """The client's conversation, or a new one (unsaved) when the id was offered to be one."""
     user, session_key = _client(request)
     try:
         return selectors.conversation_get(conversation_id=conversation_id, user=user, session_key=session_key)
     except Conversation.DoesNotExist as exc:
-        raise Http404("No such conversation.") from exc
+        if not services.conversation_id_offered(conversation_id) or selectors.conversation_exists(
+            conversation_id=conversation_id
+        ):
+            raise Http404("No such conversation.") from exc
+    return services.conversation_new(conversation_id=conversation_id, owner=user, session_key=session_key)
 
 
 def _render_page(request: HtmxHttpRequest, conversation: Conversation) -> HttpResponse:
@@ -91,20 +126,24 @@ def _render_page(request: HtmxHttpRequest, conversation: Conversation) -> HttpRe
         "chat/page.html",
         {
             "conversation": conversation,
+            # Offered but not stored until its first message: listed on top as the current one.
+            "conversation_is_new": conversation._state.adding,
             "messages": selectors.conversation_messages(conversation=conversation),
             "conversations": selectors.conversation_list(user=user, session_key=session_key),
             "tier": _tier(request),
+            "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
         },
     )
 
 
 @require_GET
 def home(request: HtmxHttpRequest) -> HttpResponse:
-    user, _ = _client(request)
-    session_key = _session_key(request)
+    user, session_key = _client(request)
     conversation = selectors.conversation_latest(user=user, session_key=session_key)
     if conversation is None:
-        conversation = services.conversation_create(owner=user, session_key=session_key)
+        conversation = services.conversation_new(
+            conversation_id=services.conversation_id_offer(), owner=user, session_key=session_key
+        )
     return _render_page(request, conversation)
 
 
@@ -115,11 +154,11 @@ def conversation_page(request: HtmxHttpRequest, conversation_id: UUID) -> HttpRe
 
 @require_POST
 def conversation_new(request: HtmxHttpRequest) -> HttpResponse:
-    user, _ = _client(request)
-    conversation = services.conversation_create(owner=user, session_key=_session_key(request))
-    url = reverse("chat:conversation", args=[conversation.pk])
+    """A fresh conversation id; the conversation is stored when its first message is posted."""
+    conversation_id = services.conversation_id_offer()
+    url = reverse("chat:conversation", args=[conversation_id])
     if _wants_json(request):
-        return JsonResponse({"id": str(conversation.pk), "url": url}, status=201)
+        return JsonResponse({"id": str(conversation_id), "url": url}, status=201)
     return redirect(url)
 
 
@@ -129,6 +168,8 @@ def message_post(request: HtmxHttpRequest, conversation_id: UUID) -> HttpRespons
         conversation = _conversation_or_404(request, conversation_id)
     except Http404:
         return _error(404, "not_found", "This conversation does not exist.")
+    if conversation._state.adding and not request.user.is_authenticated:
+        conversation.session_key = _session_key(request)  # a guest's first message: now a session
     try:
         posted = services.message_post(
             conversation=conversation,
@@ -180,6 +221,9 @@ _FEEDBACK_VALUES = {"up": Message.Feedback.UP, "down": Message.Feedback.DOWN}
 
 @require_POST
 def message_feedback(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
+    # Votes steer the canary: a guest could make throwaway sessions and vote as many times.
+    if not request.user.is_authenticated:
+        return _error(403, "sign_in_required", "Sign in to rate answers.")
     user, session_key = _client(request)
     try:
         message = selectors.assistant_message_owned(message_id=message_id, user=user, session_key=session_key)
@@ -217,3 +261,36 @@ async def stream(request: HttpRequest, request_id: UUID) -> HttpResponse:
         after_id=parse_event_id(request.headers.get("Last-Event-ID")),
     )
     return StreamingHttpResponse(events, content_type="text/event-stream", headers=SSE_HEADERS)
+
+
+class LoginView(auth_views.LoginView):
+    """Django's sign-in, throttled: too many failures for a username, or from an address, and
+    further attempts are refused with 429 (see chat.login_throttle)."""
+
+    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        retry_after_s = login_throttle.login_retry_after_s(
+            username=request.POST.get("username", ""), address=client_address(request)
+        )
+        if not retry_after_s:
+            return super().post(request, *args, **kwargs)
+        minutes = math.ceil(retry_after_s / 60)
+        context = self.get_context_data(
+            form=AuthenticationForm(request),
+            refusal=f"Too many failed sign-in attempts. Please try again in {minutes} "
+            f"minute{'s' if minutes > 1 else ''}.",
+        )
+        response = self.render_to_response(context, status=429)
+        response["Retry-After"] = str(retry_after_s)
+        return response
+
+    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
+        login_throttle.login_failed(
+            username=self.request.POST.get("username", ""), address=client_address(self.request)
+        )
+        return super().form_invalid(form)
+
+    def form_valid(self, form: AuthenticationForm) -> HttpResponse:
+        login_throttle.login_succeeded(
+            username=self.request.POST.get("username", ""), address=client_address(self.request)
+        )
+        return super().form_valid(form)

@@ -3,16 +3,54 @@
 from pathlib import Path
 
 import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = BASE_DIR / "var"
 
-SECRET_KEY = env_str("DJANGO_SECRET_KEY", "insecure-dev-key-change-me-in-production")
 DEBUG = env_bool("DJANGO_DEBUG", False)
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS", [])
+
+
+def _secret_key() -> str:
+    """DJANGO_SECRET_KEY, else the key in DJANGO_SECRET_KEY_FILE (`make run` writes a random one
+    to var/secret_key once). A key everyone can read in this repository would let anyone forge
+    sessions, so only a DEBUG run may fall back to one."""
+    key = env_str("DJANGO_SECRET_KEY", "")
+    key_file = Path(env_str("DJANGO_SECRET_KEY_FILE", str(VAR_DIR / "secret_key")))
+    if not key and key_file.is_file():
+        key = key_file.read_text().strip()
+    if key:
+        return key
+    if DEBUG:
+        return "insecure-key-for-debug-runs-only"
+    raise ImproperlyConfigured(
+        "No secret key: set DJANGO_SECRET_KEY to a long random value (for example the output of "
+        "`python -c 'import secrets; print(secrets.token_urlsafe(50))'`), or put one in the file "
+        f"named by DJANGO_SECRET_KEY_FILE ({key_file})."
+    )
+
+
+SECRET_KEY = _secret_key()
+
+# HTTPS, for a deployment behind a TLS-terminating proxy (README: "Running in production").
+_secure_cookies = env_bool("DJANGO_SECURE_COOKIES", False)
+SESSION_COOKIE_SECURE = _secure_cookies
+CSRF_COOKIE_SECURE = _secure_cookies
+SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_HSTS_PRELOAD", False)
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+# Probes and scrapers reach a web process directly over plain HTTP, not through the proxy.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^readyz$", r"^metrics$"]
+# The header the proxy sets to the scheme the client used, e.g. X-Forwarded-Proto.
+_proxy_ssl_header = env_str("DJANGO_SECURE_PROXY_SSL_HEADER", "")
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
+)
 
 INSTALLED_APPS = [
     # inference comes before channels so its `runworker` extends Channels' command.
@@ -78,8 +116,16 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "chat:home"
 LOGOUT_REDIRECT_URL = "chat:home"
 AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
+# Failed sign-ins allowed per username and per address (IPv6: per /64) in a window that starts
+# at the first failure; more are refused with 429 until the window ends.
+LOGIN_MAX_FAILURES_PER_USERNAME = env_int("LOGIN_MAX_FAILURES_PER_USERNAME", 5)
+LOGIN_MAX_FAILURES_PER_ADDRESS = env_int("LOGIN_MAX_FAILURES_PER_ADDRESS", 20)
+LOGIN_FAILURE_WINDOW_S = env_int("LOGIN_FAILURE_WINDOW_S", 900)
 SESSION_COOKIE_AGE = 60 * 60 * 24 * 30
 SESSION_COOKIE_HTTPONLY = True
 
@@ -252,6 +298,7 @@ LOGGING = {
 
 CELERY_BEAT_SCHEDULE = {
     "purge-guest-conversations": {"task": "chat.tasks.purge_guest_conversations", "schedule": 3600.0},
+    "purge-expired-sessions": {"task": "chat.tasks.purge_expired_sessions", "schedule": 3600.0},
     # An evaluation that could not start within its period is skipped: the next one follows.
     "canary-evaluate": {
         "task": "admin_console.tasks.canary_evaluate",

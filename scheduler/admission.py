@@ -18,7 +18,7 @@ from scheduler import keys, metrics, timeseries
 from scheduler.generation import GenerationJob, Tier
 from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
-from scheduler.rate_limits import Bucket, rate_limit_refund, rate_limit_take
+from scheduler.rate_limits import Bucket, address_scope, rate_limit_refund, rate_limit_take
 from scheduler.services import generation_create, generation_discard
 
 # A client over its concurrency limit may retry when one of its answers is done; answers take
@@ -60,7 +60,7 @@ def _buckets(policy: Policy, client_id: str, client_address: str | None) -> list
         factor = settings.GUEST_ADDRESS_BUCKET_FACTOR
         buckets.append(
             Bucket(
-                keys.bucket_address(client_address),
+                keys.bucket_address(address_scope(client_address)),
                 "address",
                 policy.bucket_capacity * factor,
                 policy.refill_per_s * factor,

@@ -56,6 +56,15 @@ def bucket_address(address: str) -> str:
 BUCKET_GLOBAL = "llm:{rl}:global"
 
 
+def login_failures_username(username_digest: str) -> str:
+    """Counter: failed sign-ins for one username in the current window (expires with it)."""
+    return f"llm:login:user:{username_digest}"
+
+
+def login_failures_address(address: str) -> str:
+    return f"llm:login:addr:{address}"
+
+
 def inflight(client_id: str) -> str:
     """Sorted set: the client's unfinished request ids, scored by when they lapse at the latest."""
     return f"llm:{{rl}}:inflight:{client_id}"

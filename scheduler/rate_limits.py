@@ -5,6 +5,7 @@ bucket it touches (client, address, tier, global) has a token; otherwise nothing
 and the caller learns how long until the emptiest bucket refills (an honest Retry-After).
 """
 
+import ipaddress
 from dataclasses import dataclass
 
 from scheduler.redis import sync_redis, sync_script
@@ -43,6 +44,20 @@ redis.call('ZADD', KEYS[1], t + tonumber(ARGV[4]), ARGV[3])
 redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[4])) + 60)
 return {1, '0', 0}
 """
+
+
+def address_scope(address: str) -> str:
+    """The addresses one client controls, for per-address limits: an IPv4 address, or the /64 an
+    IPv6 address lies in (one subscriber's usual allocation: any address in it is theirs to use)."""
+    try:
+        ip = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 @dataclass(frozen=True, slots=True)

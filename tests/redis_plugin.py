@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.processes import RedisServer
+from launcher.redis import RedisServer
 
 _server: RedisServer | None = None
 
@@ -22,6 +22,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
     _server.start()
     os.environ["REDIS_URL"] = _server.url
     os.environ.setdefault("INFERENCE_ENGINE", "simulated")
+    # Settings refuse to start without a secret key; the processes tests start inherit this one.
+    os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-secret-key-never-used-outside-the-test-suite")
     return (yield)
 
 

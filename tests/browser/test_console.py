@@ -26,7 +26,7 @@ def stack():
 @pytest.fixture
 def staff_page(browser, stack) -> Page:
     page = new_page(browser, stack.base_url)
-    sign_in(page, "sam", "sam-demo-pass", next_url="/console/")
+    sign_in(page, "sam", stack.staff_password, next_url="/console/")
     yield page
     page.context.close()
 
@@ -93,6 +93,23 @@ def test_the_dashboard_queue_depth_rises_under_load_and_falls_after(staff_page, 
     assert errors == []
 
 
+# The widths of a laptop, a small laptop and a tablet held sideways.
+@pytest.mark.parametrize("width", [1280, 1024, 900])
+def test_the_queues_table_stays_inside_its_card(staff_page, width):
+    page = staff_page
+    page.set_viewport_size({"width": width, "height": 900})
+    card = page.locator("section:has(#queues-heading)")
+    expect(card.locator("tr[data-variant='candidate']").first).to_be_attached()
+    overrun = card.evaluate(
+        """(card) => {
+            const padding = parseFloat(getComputedStyle(card).paddingRight);
+            const inner = card.getBoundingClientRect().right - padding;
+            return card.querySelector("table").getBoundingClientRect().right - inner;
+        }"""
+    )
+    assert overrun <= 0.5
+
+
 def _variant_of_a_new_conversation(page: Page) -> str:
     page.goto("/")
     with page.expect_navigation():
@@ -128,7 +145,9 @@ def test_moving_the_canary_split_changes_which_variant_answers_new_conversations
     console.get_by_role("button", name="Start canary").click()
     expect(console.get_by_role("heading", name="Running: candidate against stable")).to_be_visible()
 
+    # Customers are not shown the variant; a second staff session asks and reads it.
     customer = new_page(browser, stack.base_url)
+    sign_in(customer, "sam", stack.staff_password)
     try:
         _set_split(console, 100)
         to_candidate = _wait_for_variant(customer, "candidate")

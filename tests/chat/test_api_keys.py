@@ -13,6 +13,7 @@ from django.urls import include, path
 
 from admin_console import urls as console_urls
 from admin_console.api_keys import api_key_urlpatterns
+from admin_console.models import AuditLog
 from chat import api_keys
 from chat.models import ApiKey, User
 from config import urls as project_urls
@@ -99,6 +100,15 @@ def test_the_command_creates_lists_and_revokes_keys(alice):
         api_keys.api_key_authenticate(plaintext=plaintext)
     with pytest.raises(CommandError):
         _apikey("revoke", "sk-nothing")
+    assert _audited() == [
+        ("manage.py apikey", "api_key.revoke", key.prefix),
+        ("manage.py apikey", "api_key.create", key.prefix),
+    ]
+
+
+def _audited() -> list[tuple[str, str, str]]:
+    """(who, what, which key) of the audit log, newest first."""
+    return list(AuditLog.objects.values_list("actor_name", "action", "target"))
     with pytest.raises(CommandError):
         _apikey("create", "--user", "nobody")
 
@@ -122,6 +132,14 @@ def test_staff_create_a_key_in_the_console_and_see_it_only_once(staff, alice):
     assert page.status_code == 200
     assert key.prefix in page.text and plaintext not in page.text
     assert "console-nav" in page.text  # the whole console page, not only the section
+    assert "no-store" in response["Cache-Control"]
+    assert _audited() == [("sam", "api_key.create", key.prefix)]
+    assert AuditLog.objects.get().after == {
+        "owner": "alice",
+        "name": "crm",
+        "tier": "owner's",
+        "revoked": False,
+    }
 
 
 @pytest.mark.urls(__name__)
@@ -136,6 +154,7 @@ def test_the_console_refuses_an_unknown_owner_and_revokes_keys(staff, alice):
     assert "Revoked" in response.text
     with pytest.raises(api_keys.ApiKeyInvalid):
         api_keys.api_key_authenticate(plaintext=issued.plaintext)
+    assert _audited() == [("sam", "api_key.revoke", issued.api_key.prefix)]
 
 
 @pytest.mark.urls(__name__)
@@ -164,3 +183,4 @@ def test_the_django_admin_lists_keys_without_secrets_and_revokes_them(alice):
     assert "Revoked 1 key" in response.text
     with pytest.raises(api_keys.ApiKeyInvalid):
         api_keys.api_key_authenticate(plaintext=issued.plaintext)
+    assert _audited() == [("root", "api_key.revoke", issued.api_key.prefix)]

@@ -61,9 +61,25 @@ def test_other_peoples_answers_cannot_be_rated(client_alice):
     bob = User.objects.create_user("bob", password="pw")
     answer = _answer(bob)
     assert _vote(client_alice, answer, "down").status_code == 404
-    assert _vote(Client(), answer, "down").status_code == 404  # a guest
+    assert _vote(Client(), answer, "down").status_code == 403  # a guest
     answer.refresh_from_db()
     assert answer.feedback is None
+
+
+def test_guests_cannot_vote_and_see_no_buttons():
+    guest = Client()
+    conversation = Conversation.objects.create(session_key=guest.session.session_key)
+    answer = Message.objects.create(
+        conversation=conversation, role=Message.Role.ASSISTANT, generation=generation_record()
+    )
+    response = _vote(guest, answer, "up", HTTP_ACCEPT="application/json")
+    assert response.status_code == 403
+    assert response.json()["error"]["code"] == "sign_in_required"
+    answer.refresh_from_db()
+    assert answer.feedback is None
+    html = guest.get(f"/chat/{conversation.pk}").content.decode()
+    assert "Hi" in html
+    assert 'class="feedback"' not in html
 
 
 def test_only_finished_answers_take_a_vote_and_only_up_or_down(client_alice, alice):

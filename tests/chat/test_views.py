@@ -1,11 +1,19 @@
-import pytest
-from django.test import Client, override_settings
+import re
+from datetime import timedelta
 
+import pytest
+from django.contrib.sessions.backends.db import SessionStore
+from django.contrib.sessions.models import Session
+from django.test import Client, override_settings
+from django.utils import timezone
+
+from chat import tasks, views
 from chat.models import Conversation, Message, User
 from scheduler import keys
-from scheduler.models import TierPolicy
+from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
+from tests.generation_jobs import generation_record
 
 pytestmark = pytest.mark.django_db
 
@@ -138,13 +146,153 @@ def test_cancel_asks_the_workers_to_stop_a_pending_answer(client_alice, conversa
     assert sync_redis().exists(keys.cancel(request_id))
 
 
-def test_guests_get_a_session_and_a_conversation_of_their_own():
+def _form_conversation_id(page) -> str:
+    match = re.search(r'action="/chat/([0-9a-f-]{36})/messages"', page.content.decode())
+    assert match, "the page has no message form"
+    return match.group(1)
+
+
+def _post_to(client: Client, conversation_id: str, text: str):
+    return client.post(f"/chat/{conversation_id}/messages", {"text": text}, **JSON)
+
+
+@override_settings(GUEST_ADDRESS_BUCKET_FACTOR=1)
+@pytest.mark.parametrize(
+    ("addresses", "refused"),
+    [
+        ([f"2001:db8:0:7::{n:x}" for n in range(1, 8)], True),  # one /64
+        ([f"2001:db8:0:{n:x}::1" for n in range(1, 8)], False),  # seven /64s
+        ([f"192.0.2.{n}" for n in range(1, 8)], False),
+    ],
+)
+def test_guests_share_a_bucket_per_ipv6_64_and_per_ipv4_address(addresses, refused):
+    # With factor 1 the address bucket holds what one guest's does: 6 messages.
+    statuses = []
+    for address in addresses:
+        guest = Client(REMOTE_ADDR=address)
+        response = _post_to(guest, _form_conversation_id(guest.get("/")), "hello")
+        statuses.append(response.status_code)
+    assert statuses == [202] * 6 + [429 if refused else 202]
+    if refused:
+        assert response.json()["error"]["code"] == "rate_limited_address"
+
+
+def test_x_forwarded_for_without_a_trusted_proxy_is_ignored_with_one_warning(caplog):
+    views._warn_forwarded_for_ignored.cache_clear()  # once per process: start this test's count
+    for n in range(2):
+        guest = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR=f"198.51.100.{n}")
+        assert _post_to(guest, _form_conversation_id(guest.get("/")), "hello").status_code == 202
+    warnings = [r for r in caplog.records if r.levelname == "WARNING" and "TRUSTED_PROXIES" in r.message]
+    assert len(warnings) == 1
+    assert sync_redis().exists(keys.bucket_address("10.0.0.2"))
+
+
+def test_cookieless_visits_write_nothing_to_the_database():
+    for _ in range(20):
+        assert Client().get("/").status_code == 200
+    assert not Session.objects.exists()
+    assert not Conversation.objects.exists()
+
+
+def test_a_guests_first_message_makes_their_session_and_conversation():
     guest = Client()
-    page = guest.get("/")
-    assert page.status_code == 200
+    conversation_id = _form_conversation_id(guest.get("/"))
+    assert _post_to(guest, conversation_id, "hello").status_code == 202
     conversation = Conversation.objects.get()
+    assert str(conversation.pk) == conversation_id
     assert conversation.owner is None
     assert conversation.session_key == guest.session.session_key
-    assert _post(guest, conversation, "hello").status_code == 202
-    # another guest cannot see it
-    assert Client().get(f"/chat/{conversation.pk}").status_code == 404
+    # the page now shows it, and another guest cannot see it
+    assert _form_conversation_id(guest.get("/")) == conversation_id
+    assert Client().get(f"/chat/{conversation_id}").status_code == 404
+    assert _post_to(Client(), conversation_id, "mine now?").status_code == 404
+
+
+def test_new_chats_are_stored_only_with_their_first_message(client_alice, alice):
+    ids = [client_alice.post("/chat/conversations", **JSON).json()["id"] for _ in range(5)]
+    assert len(set(ids)) == 5
+    assert client_alice.get(f"/chat/{ids[0]}").status_code == 200
+    assert not Conversation.objects.exists()
+    assert _post_to(client_alice, ids[0], "hello").status_code == 202
+    assert list(Conversation.objects.values_list("owner", flat=True)) == [alice.pk]
+    assert _post_to(client_alice, ids[0], "hello again").status_code == 409  # the same conversation
+
+
+def test_a_refused_first_message_leaves_no_conversation(client_alice):
+    conversation_id = client_alice.post("/chat/conversations", **JSON).json()["id"]
+    sync_redis.cache_clear()
+    try:
+        with override_settings(REDIS_URL="redis://127.0.0.1:1/0"):
+            response = _post_to(client_alice, conversation_id, "is anyone there?")
+    finally:
+        sync_redis.cache_clear()
+    assert response.status_code == 503
+    assert not Conversation.objects.exists()
+    assert not Message.objects.exists()
+
+
+def test_a_guests_session_key_appears_neither_in_redis_nor_in_the_admin():
+    guest = Client()
+    assert _post_to(guest, _form_conversation_id(guest.get("/")), "hello").status_code == 202
+    session_key = guest.session.session_key
+    redis = sync_redis()
+    for key in redis.scan_iter():
+        assert session_key not in key
+    jobs = [job for tier in keys.TIERS for job in redis.xrange(keys.queue("stable", tier))]
+    assert jobs
+    assert session_key not in repr(jobs)
+    admin = Client()
+    admin.force_login(User.objects.create_superuser("root", password="pw"))
+    page = admin.get(f"/admin/chat/conversation/{Conversation.objects.get().pk}/change/")
+    assert page.status_code == 200
+    assert session_key not in page.content.decode()
+
+
+def test_expired_sessions_are_purged_on_schedule():
+    expired, live = SessionStore(), SessionStore()
+    expired.set_expiry(timezone.now() - timedelta(seconds=1))
+    for session in (expired, live):
+        session["seen"] = True
+        session.save()
+    assert tasks.purge_expired_sessions() == 1
+    assert list(Session.objects.values_list("session_key", flat=True)) == [live.session_key]
+
+
+@override_settings(CHAT_MAX_MESSAGE_CHARS=50)
+def test_the_page_offers_the_servers_message_limit(client_alice, conversation):
+    page = client_alice.get(f"/chat/{conversation.pk}").content.decode()
+    assert 'data-max-chars="50"' in page
+    assert "0 / 50" in page
+    assert "4000" not in page
+    assert _post(client_alice, conversation, "x" * 51).status_code == 400
+
+
+def test_the_sidebar_titles_conversations_by_their_first_question(client_alice, alice, conversation):
+    conversation.messages.create(role=Message.Role.USER, content="Where is my parcel?")
+    conversation.messages.create(role=Message.Role.ASSISTANT, content="On its way.")
+    conversation.messages.create(role=Message.Role.USER, content="And the second one?")
+    long = Conversation.objects.create(owner=alice)
+    long.messages.create(role=Message.Role.USER, content="Can I change the delivery address " + "x" * 200)
+    empty = Conversation.objects.create(owner=alice)
+    page = client_alice.get(f"/chat/{empty.pk}").content.decode()
+    assert "Where is my parcel?" in page
+    assert "And the second one?" not in page
+    assert "Can I change the delivery address xxxxx…" in page
+    assert "New conversation" in page
+    assert "This conversation" not in page
+
+
+def test_the_model_variant_shows_to_staff_only(alice, conversation):
+    conversation.messages.create(role=Message.Role.USER, content="Hello")
+    answer = generation_record(variant="candidate-7b", text="Hi.")
+    Generation.objects.filter(pk=answer.pk).update(engine="simulated")
+    conversation.messages.create(role=Message.Role.ASSISTANT, generation=answer)
+    customer = Client()
+    customer.force_login(alice)
+    page = customer.get(f"/chat/{conversation.pk}").content.decode()
+    assert "candidate-7b" not in page
+    assert "simulated engine" in page
+
+    alice.is_staff = True
+    alice.save()
+    assert "candidate-7b" in customer.get(f"/chat/{conversation.pk}").content.decode()

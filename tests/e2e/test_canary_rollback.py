@@ -78,7 +78,7 @@ def _first_breach(answers: list[dict]) -> datetime:
 
 async def _start_canary(stack) -> None:
     async with ChatClient(stack.base_url) as staff:
-        await staff.login("sam", "sam-demo-pass")
+        await staff.login("sam", stack.staff_password)
         await staff.http.get("/console/canary")
         response = await staff.http.post(
             "/console/canary/start",

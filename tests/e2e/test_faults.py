@@ -3,14 +3,12 @@ that vanish, and a burst far beyond capacity."""
 
 import asyncio
 import json
-import signal
 
 import pytest
 import redis
 
 from tests.e2e.client import ChatClient
 from tests.e2e.conftest import running_stack
-from tests.processes import stop
 
 pytestmark = pytest.mark.e2e
 
@@ -59,7 +57,6 @@ def test_a_killed_worker_s_twenty_answers_are_finished_by_a_new_worker(stack):
             await asyncio.sleep(0.8)  # everyone is mid-answer
             [worker] = stack.workers
             stack.kill_worker(worker)
-            stack.workers.remove(worker)
             await asyncio.to_thread(stack.start_worker)
             return list(zip(request_ids, await asyncio.gather(*streams), strict=True))
 
@@ -75,8 +72,7 @@ def test_a_drained_worker_finishes_what_it_runs_and_exits_cleanly(stack):
             streams = [asyncio.create_task(client.stream(r)) for r in request_ids]
             await asyncio.sleep(0.5)
             [worker] = stack.workers
-            returncode = await asyncio.to_thread(stop, worker, signal.SIGTERM)
-            stack.workers.remove(worker)
+            returncode = await asyncio.to_thread(stack.stop_worker, worker)
             results = await asyncio.gather(*streams)
             await asyncio.to_thread(stack.start_worker)
             return returncode, list(zip(request_ids, results, strict=True))

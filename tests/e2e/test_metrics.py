@@ -10,9 +10,9 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
+from launcher.process import free_port
 from tests.e2e.client import ChatClient
 from tests.e2e.conftest import running_stack
-from tests.processes import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import subprocess
 import time
 import uuid
 
@@ -14,7 +13,6 @@ import redis
 
 from scheduler import keys
 from tests.e2e.conftest import running_stack
-from tests.processes import manage
 
 pytestmark = pytest.mark.e2e
 
@@ -85,7 +83,7 @@ def test_a_wrong_or_revoked_key_raises_authentication_error(stack):
     assert wrong.value.code == "invalid_api_key"
     key = stack.create_api_key("alice")
     assert _client(stack, key).models.list().data
-    assert manage("apikey", "revoke", key[:11], env=stack.env, stdout=subprocess.DEVNULL).wait() == 0
+    assert stack.manage("apikey", "revoke", key[:11]).returncode == 0
     with pytest.raises(openai.AuthenticationError):
         _client(stack, key).models.list()
 

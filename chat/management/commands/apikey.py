@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from admin_console import services as console_services
 from chat import api_keys
 from chat.models import ACCOUNT_TIERS, ApiKey, User
 
@@ -37,8 +38,8 @@ class Command(BaseCommand):
             raise CommandError(f"There is no user {username!r}.") from exc
 
     def _create(self, options: dict[str, Any]) -> None:
-        issued = api_keys.api_key_create(
-            owner=self._user(options["user"]), name=options["name"], tier=options["tier"]
+        issued = console_services.api_key_create(
+            actor=None, owner=self._user(options["user"]), name=options["name"], tier=options["tier"]
         )
         key = issued.api_key
         self.stderr.write(
@@ -54,7 +55,7 @@ class Command(BaseCommand):
             key = api_keys.api_key_get(prefix=prefix)
         except ApiKey.DoesNotExist as exc:
             raise CommandError(f"No key has the prefix {prefix!r}; see `manage.py apikey list`.") from exc
-        if api_keys.api_key_revoke(api_key=key):
+        if console_services.api_key_revoke(actor=None, api_key=key):
             self.stdout.write(f"Revoked {key.prefix}… of {key.owner.username}.")
         else:
             self.stdout.write(f"{key.prefix}… was already revoked.")

@@ -1,0 +1,65 @@
+"""Sign-in: throttled per username and per address, and passwords checked by Django's standard
+validators."""
+
+import pytest
+from django.contrib.auth.password_validation import validate_password
+from django.core.exceptions import ValidationError
+from django.test import Client, override_settings
+
+from chat.models import User
+
+pytestmark = [
+    pytest.mark.django_db,
+    # A fast hasher: these tests make many attempts, each of which hashes a password.
+    pytest.mark.usefixtures("_fast_hashing"),
+]
+
+
+@pytest.fixture
+def _fast_hashing():
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
+
+
+@pytest.fixture
+def alice() -> User:
+    return User.objects.create_user("alice", password="correct horse battery")
+
+
+def _sign_in(username: str, password: str, address: str = "192.0.2.1"):
+    return Client(REMOTE_ADDR=address).post("/accounts/login/", {"username": username, "password": password})
+
+
+def test_a_username_with_too_many_failures_is_refused_with_429_even_with_the_right_password(alice):
+    for n in range(5):  # LOGIN_MAX_FAILURES_PER_USERNAME, from addresses of its own each
+        assert _sign_in("alice", "guess", address=f"198.51.100.{n}").status_code == 200
+    refused = _sign_in("alice", "correct horse battery", address="203.0.113.9")
+    assert refused.status_code == 429
+    assert 0 < int(refused["Retry-After"]) <= 900
+    assert "Too many failed sign-in attempts. Please try again in 15 minutes." in refused.content.decode()
+    assert "_auth_user_id" not in refused.wsgi_request.session
+    assert _sign_in("bob", "guess", address="203.0.113.9").status_code == 200  # others still may
+
+
+@override_settings(LOGIN_MAX_FAILURES_PER_ADDRESS=3)
+def test_an_address_with_too_many_failures_is_refused_whatever_the_username(alice):
+    for username in ("bob", "carol", "dave"):
+        assert _sign_in(username, "guess", address="2001:db8::1").status_code == 200
+    assert _sign_in("alice", "correct horse battery", address="2001:db8::2").status_code == 429  # same /64
+    assert _sign_in("alice", "correct horse battery", address="2001:db8:1::1").status_code == 302
+
+
+def test_signing_in_ends_the_usernames_count(alice):
+    for _ in range(4):
+        _sign_in("alice", "guess", address="198.51.100.1")
+    assert _sign_in("alice", "correct horse battery", address="198.51.100.2").status_code == 302
+    for _ in range(4):
+        _sign_in("alice", "guess", address="198.51.100.3")
+    assert _sign_in("alice", "correct horse battery", address="198.51.100.4").status_code == 302
+
+
+@pytest.mark.parametrize("password", ["password", "12345678901", "alice-smith"])
+def test_common_numeric_or_personal_passwords_are_refused(password):
+    user = User(username="alice-smith", email="alice@example.com")
+    with pytest.raises(ValidationError):
+        validate_password(password, user)
