@@ -13,6 +13,7 @@ from scheduler import keys
 from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
+from tests.chat import worker_double
 from tests.generation_jobs import generation_record
 
 pytestmark = pytest.mark.django_db
@@ -96,6 +97,22 @@ def test_a_second_message_while_an_answer_is_pending_gets_409(client_alice, conv
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "conversation_busy"
     assert conversation.messages.count() == 2
+
+
+def test_a_finished_answer_lets_the_next_message_through_and_is_part_of_its_prompt(
+    client_alice, conversation
+):
+    first = _post(client_alice, conversation, "Where is my order?").json()["request_id"]
+    worker_double.answer(first, "It ", "shipped.")
+    assert _post(client_alice, conversation, "When does it arrive?").status_code == 202
+    prompt = worker_double.queued("normal")[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in prompt[1:]] == [
+        ("user", "Where is my order?"),
+        ("assistant", "It shipped."),
+        ("user", "When does it arrive?"),
+    ]
+    page = client_alice.get(f"/chat/{conversation.pk}").content.decode()
+    assert "It shipped." in page
 
 
 def _flood(client: Client, owner: User, count: int) -> list:
