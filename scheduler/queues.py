@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from scheduler import keys
-from scheduler.generation import GenerationJob
+from scheduler.generation import GenerationJob, Tier
 from scheduler.redis import async_script, sync_script
 
 MIN_DRAIN_RATE = 0.2  # jobs/s assumed while no live worker reports its capacity
@@ -302,7 +302,7 @@ class JobQueue:
                 keys.CONSUMER_GROUP,
                 self.consumer,
                 total,
-                keys.TIERS.index("normal") if aging_s is not None else -1,
+                keys.TIERS.index(Tier.NORMAL) if aging_s is not None else -1,
                 aging_s or 0,
                 *(per_tier.get(tier, 0) for tier in keys.TIERS),
             ],
