@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 
 from admin_console.models import CanaryRollout, validate_canary_steps
 from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS
+from chat.models import ACCOUNT_TIER_CHOICES, User
 from scheduler.models import TierPolicy
 
 
@@ -115,3 +116,17 @@ class CanarySplitForm(forms.Form):
     split_percent = forms.IntegerField(
         label="Split (% of new conversations to the candidate)", min_value=0, max_value=100
     )
+
+
+class ApiKeyCreateForm(forms.Form):
+    owner = forms.CharField(label="Owner (username)", max_length=150)
+    name = forms.CharField(label="Name", max_length=100, required=False, help_text="What the key is for.")
+    tier = forms.ChoiceField(
+        label="Tier", choices=[("", "The owner's tier"), *ACCOUNT_TIER_CHOICES], required=False
+    )
+
+    def clean_owner(self) -> User:
+        try:
+            return User.objects.get(username=self.cleaned_data["owner"])
+        except User.DoesNotExist as exc:
+            raise forms.ValidationError("There is no account with this username.") from exc

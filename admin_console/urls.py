@@ -1,7 +1,6 @@
 from django.urls import path
 
 from admin_console import views
-from admin_console.api_keys import api_key_urlpatterns
 
 app_name = "console"
 
@@ -17,5 +16,7 @@ urlpatterns = [
     path("canary/promote", views.canary_promote, name="canary_promote"),
     path("canary/rollback", views.canary_rollback, name="canary_rollback"),
     path("audit", views.audit_log, name="audit"),
-    *api_key_urlpatterns,
+    path("api-keys", views.api_keys, name="api_keys"),
+    path("api-keys/create", views.api_key_create, name="api_key_create"),
+    path("api-keys/<int:key_id>/revoke", views.api_key_revoke, name="api_key_revoke"),
 ]

@@ -2,36 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from functools import wraps
 from typing import Any
 
 from django.contrib import messages
-from django.contrib.auth.views import redirect_to_login
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
-from django.shortcuts import redirect, render
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_POST
 
 from admin_console import selectors, services
-from admin_console.forms import CanarySplitForm, CanaryStartForm, TierPolicyForm
+from admin_console.access import staff_required
+from admin_console.forms import ApiKeyCreateForm, CanarySplitForm, CanaryStartForm, TierPolicyForm
+from chat import api_keys as key_services
+from chat.api_keys import IssuedApiKey
+from chat.models import ApiKey
 from scheduler.models import TierPolicy
-
-View = Callable[..., HttpResponse]
-
-
-def staff_required(view: View) -> View:
-    """Visitors who are not signed in are sent to sign in; signed-in non-staff are refused."""
-
-    @wraps(view)
-    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        if not request.user.is_authenticated:
-            return redirect_to_login(request.get_full_path())
-        if not request.user.is_staff:
-            return render(request, "admin_console/forbidden.html", status=403)
-        return view(request, *args, **kwargs)
-
-    return checked
 
 
 def _render(
@@ -200,6 +186,64 @@ def canary_rollback(request: HttpRequest) -> HttpResponse:
     else:
         messages.success(request, f"Rolled back: new conversations go to {rollout.stable_variant} again.")
     return redirect("console:canary")
+
+
+# --- API keys (under htmx the section re-renders in place; otherwise it is a page of its own) ---
+
+
+def _api_keys_section(
+    request: HttpRequest,
+    *,
+    form: ApiKeyCreateForm | None = None,
+    issued: IssuedApiKey | None = None,
+    notice: str = "",
+    status: int = 200,
+) -> HttpResponse:
+    context = {
+        "section": "api_keys",
+        "api_keys": key_services.api_key_list(),
+        "api_key_form": form or ApiKeyCreateForm(),
+        "issued": issued,
+        "notice": notice,
+    }
+    template = "admin_console/_api_keys.html" if request.htmx else "admin_console/api_keys.html"
+    return render(request, template, context, status=status)
+
+
+@require_GET
+@staff_required
+def api_keys(request: HttpRequest) -> HttpResponse:
+    return _api_keys_section(request)
+
+
+@require_POST
+@staff_required
+def api_key_create(request: HttpRequest) -> HttpResponse:
+    form = ApiKeyCreateForm(request.POST)
+    if not form.is_valid():
+        return _api_keys_section(request, form=form, status=400)
+    issued = services.api_key_create(
+        actor=request.user,
+        owner=form.cleaned_data["owner"],
+        name=form.cleaned_data["name"],
+        tier=form.cleaned_data["tier"],
+    )
+    # Rendered, not redirected: the key must not travel through a session or a URL; and kept
+    # out of every cache (`no-store`), so Back or a shared proxy cannot show it again.
+    response = _api_keys_section(request, issued=issued, status=201)
+    add_never_cache_headers(response)
+    return response
+
+
+@require_POST
+@staff_required
+def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
+    api_key = get_object_or_404(ApiKey, pk=key_id)
+    if services.api_key_revoke(actor=request.user, api_key=api_key):
+        notice = f"Revoked {api_key.prefix}…: calls with it now get 401."
+    else:
+        notice = f"{api_key.prefix}… was already revoked."
+    return _api_keys_section(request, notice=notice)
 
 
 # --- audit log ---------------------------------------------------------------------------------

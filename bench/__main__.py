@@ -1,6 +1,6 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
-Scenarios: overhead, fanout, batching, idle, scheduling, soak (see docs/BENCHMARKS.md).
+Scenarios: overhead, fanout, batching, idle, scheduling, soak, console (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -48,7 +48,9 @@ def _print_soak(report: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
-    parser.add_argument("scenario", choices=["overhead", "fanout", "batching", "idle", "scheduling", "soak"])
+    parser.add_argument(
+        "scenario", choices=["overhead", "fanout", "batching", "idle", "scheduling", "soak", "console"]
+    )
     parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
     parser.add_argument("--rounds", type=int, default=3, help="overhead: interleaved rounds")
     parser.add_argument("--streams", default="200,1000,2000", help="fanout: stream counts")
@@ -56,6 +58,7 @@ def main() -> None:
     parser.add_argument(
         "--duration", type=float, help="seconds of traffic: scheduling (default 60), soak (default 600)"
     )
+    parser.add_argument("--tabs", default="1,10,50", help="console: staff tabs open at once")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     # Imported once the arguments are read: `--help` needs none of what a run needs.
@@ -109,6 +112,10 @@ def main() -> None:
         name = "soak"
         png = plots.soak(report, args.out / f"{name}.png")
         _print_soak(report)
+    elif args.scenario == "console":
+        report = scenarios.console(tabs=[int(n) for n in args.tabs.split(",")], window_s=20.0, refusals=4)
+        name = "console"
+        png = "no plot (the figures are printed above)"
     else:
         report = scenarios.scheduling(duration_s=args.duration or 60.0, overload=2.0, vip_share=0.2)
         name = "scheduling"

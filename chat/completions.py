@@ -30,10 +30,8 @@ from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin,
 from scheduler.policy import tier_policy
 from scheduler.results import result_follower
 from scheduler.routing import variant_for
+from scheduler.rules import answer_wait_limit_s
 
-# Beyond the longest a request may wait in its queue plus the generation timeout, the worker
-# has already given up on it; this covers the time to say so.
-WAIT_MARGIN_S = 10.0
 # An answer that expired in the queue met a long queue moments ago: give it time to drain.
 EXPIRED_RETRY_AFTER_S = 10
 
@@ -67,7 +65,7 @@ def completion_submit(*, api_key: ApiKey, request: ChatRequest) -> SubmittedComp
         request_id=request_id,
         variant=variant,
         created=int(time.time()),
-        wait_limit_s=tier_policy(tier).max_wait_s + settings.GENERATION_TIMEOUT_S + WAIT_MARGIN_S,
+        wait_limit_s=answer_wait_limit_s(tier_policy(tier).max_wait_s),
     )
 
 

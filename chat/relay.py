@@ -19,6 +19,8 @@ from scheduler.redis import async_redis
 from scheduler.results import ResultEvent, result_follower
 
 SNAPSHOT_S = 1.0
+# How soon a browser whose stream broke reconnects (SSE `retry:`).
+RECONNECT_MS = 2000
 
 # (loop, variant, tier) -> (read at, claimed through, drain rate): every queued stream of this
 # process shares one read of its queue a second, instead of two reads per stream.
@@ -61,7 +63,7 @@ async def relay_events(*, variant: str, request_id: str, after_id: str) -> Async
     async with result_follower().subscribe(
         variant=variant, request_id=request_id, after_id=after_id
     ) as subscription:
-        yield sse_retry(2000)
+        yield sse_retry(RECONNECT_MS)
         queued: tuple[Tier, int] | None = None  # (tier, seq) while waiting in the queue
         last_write = last_status = time.monotonic()
         while True:

@@ -154,6 +154,9 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Without a socket timeout a read from a Redis that stopped answering (not closed: paused,
+# overloaded, behind a dead network path) waits for ever, and so does a warm shutdown.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- chat -------------------------------------------------------------------------------
@@ -176,6 +179,10 @@ GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
 SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
 SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 2.0)
 RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
+# The read timeout of the proxy in front of the web processes (deploy/nginx.conf: 10 min for
+# /v1/, 1 h for streams); 0 when nothing sits in front. Streams stay open by sending
+# heartbeats more often; a non-streamed API answer must arrive within it.
+PROXY_READ_TIMEOUT_S = env_float("PROXY_READ_TIMEOUT_S", 600.0)
 
 # --- OpenAI-compatible API and batch jobs ----------------------------------------------------
 # An API call whose client went away is cancelled after this long (0: at once). Unlike a
@@ -250,6 +257,10 @@ JOB_MAX_ATTEMPTS = env_int("JOB_MAX_ATTEMPTS", 3)
 WORKER_HEARTBEAT_S = env_float("WORKER_HEARTBEAT_S", 1.0)
 WORKER_HEARTBEAT_TTL_S = env_float("WORKER_HEARTBEAT_TTL_S", 5.0)
 WORKER_DRAIN_TIMEOUT_S = env_float("WORKER_DRAIN_TIMEOUT_S", 30.0)
+# How long the process manager waits after SIGTERM before it kills a worker (Kubernetes'
+# terminationGracePeriodSeconds, systemd's TimeoutStopSec; `make run` waits this long). The
+# drain must end within it, leaving time to hand jobs back and stop the engine.
+WORKER_TERMINATION_GRACE_S = env_float("WORKER_TERMINATION_GRACE_S", 40.0)
 # A worker's guess of how long an answer takes until it has measured some (wait predictions).
 SERVICE_TIME_PRIOR_S = env_float("SERVICE_TIME_PRIOR_S", 10.0)
 
@@ -266,6 +277,8 @@ WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
 # --- console ----------------------------------------------------------------------------------
 # How often Celery beat evaluates a running canary's rollback rules and step plan.
 CANARY_EVALUATION_S = env_float("CANARY_EVALUATION_S", 30.0)
+# How often the live dashboard's snapshot is computed (once for every open tab) and pushed.
+CONSOLE_LIVE_PERIOD_S = env_float("CONSOLE_LIVE_PERIOD_S", 1.0)
 
 # --- inference worker -----------------------------------------------------------------------
 INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "vllm")

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import httpx
 
+from config.env import env_float  # a plain reader: no settings are loaded
 from launcher.process import ROOT, Process, free_port, stop_in_order, wait_for_port
 from launcher.redis import RedisServer
 
 PYTHON = sys.executable
 # A worker told to stop finishes what it generates first (WORKER_DRAIN_TIMEOUT_S, 30 s by
-# default); past that and a margin it is killed.
-WORKER_STOP_TIMEOUT_S = 40.0
+# default); past its termination grace (the drain timeout and a margin) it is killed.
+WORKER_STOP_TIMEOUT_S = env_float("WORKER_TERMINATION_GRACE_S", 40.0)
 
 
 def manage_command(*args: str) -> list[str]:

@@ -37,6 +37,16 @@ def result(variant: str, request_id: str) -> str:
     return f"llm:{{{variant}}}:result:{request_id}"
 
 
+def relay_wake(follower_id: str) -> str:
+    """A web process's private stream: a new subscription writes to it to wake the follower."""
+    return f"llm:relay:wake:{follower_id}"
+
+
+def publisher_batch(publisher_id: str) -> str:
+    """A worker's result publisher: the number of the last batch it wrote (retries skip it)."""
+    return f"llm:publisher:{publisher_id}:batch"
+
+
 def cancel(request_id: str) -> str:
     return f"llm:cancel:{request_id}"
 
@@ -93,3 +103,8 @@ def worker_heartbeat(worker_id: str) -> str:
 
 WORKERS_INDEX = "llm:workers"  # sorted set: worker id -> last heartbeat (unix seconds)
 CONTROL_CHANNEL = "llm:control"  # pub/sub: cancel and drain reach every worker
+
+# The console's live dashboard: the channel-layer group its sockets join, and the key that lets one
+# web process per period compute the snapshot for all of them.
+CONSOLE_LIVE_GROUP = "console.live"
+CONSOLE_LIVE_TURN = "llm:console:live-turn"  # string, expires: who computes this period's snapshot

@@ -9,6 +9,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from scheduler.generation import Origin, Tier
+from scheduler.rules import tier_policy_problems
 
 TIER_CHOICES = [(tier.value, tier.label) for tier in Tier]
 
@@ -48,12 +49,17 @@ class TierPolicy(models.Model):
         return f"{self.tier} policy"
 
     def clean(self) -> None:
-        # A queued request expires after max_wait_s, so admitting a longer predicted wait would
-        # only accept requests that are bound to expire.
-        if self.wait_slo_s is not None and self.max_wait_s is not None and self.wait_slo_s > self.max_wait_s:
-            raise ValidationError(
-                {"wait_slo_s": "The longest predicted wait admitted cannot exceed the expiry (max wait)."}
-            )
+        # Warnings (a policy that may fail under load) are left to `manage.py check`.
+        if self.wait_slo_s is None or self.max_wait_s is None:
+            return
+        errors: dict[str, list[str]] = {}
+        for problem in tier_policy_problems(
+            tier=self.tier, wait_slo_s=self.wait_slo_s, max_wait_s=self.max_wait_s
+        ):
+            if problem.level == "error":
+                errors.setdefault(problem.field, []).append(f"{problem.message} {problem.hint}")
+        if errors:
+            raise ValidationError(errors)
 
 
 class CanaryRouting(models.Model):

@@ -28,6 +28,7 @@ HOST = os.environ.get("HOST", "127.0.0.1")
 PORT = int(os.environ.get("PORT", "8000"))
 REDIS_PORT = int(os.environ.get("PRIVATE_REDIS_PORT", "6390"))
 COLORS = {"redis": 31, "web": 32, "inference": 35, "celery": 36}
+# The worker's drain and engine shutdown fit in this (checked when it starts).
 
 
 def say(text: str) -> None:
@@ -98,6 +99,10 @@ def main() -> None:
                     "INFO",
                     "--concurrency",
                     "2",
+                    # Worker events retry Redis for ever: without them a stop never waits on Redis.
+                    "--without-heartbeat",
+                    "--without-mingle",
+                    "--without-gossip",
                 ],
                 env,
             )

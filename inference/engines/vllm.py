@@ -24,6 +24,7 @@ from vllm.v1.metrics.loggers import StatLoggerBase
 from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, SchedulerStats
 
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
+from inference.engines.guard import EngineGuard, orphaned_engines_end
 
 # vLLM also reports "repetition" (a loop detector stopped the request): to the user the
 # answer simply ended, so it counts as "stop".
@@ -90,6 +91,7 @@ class VllmEngine:
         self._snapshot = _SchedulerSnapshot()
         self._on_gpu = current_platform.is_cuda_alike()
         self._engine_processes: list[psutil.Process] = []
+        self._guard = EngineGuard()
 
     async def start(self) -> None:
         if not self._on_gpu:
@@ -106,6 +108,9 @@ class VllmEngine:
             # The worker's heartbeat reports load; vLLM's periodic log lines would repeat it.
             disable_log_stats=True,
         )
+        # A dead worker's engine would hold the memory this one is about to claim.
+        await asyncio.to_thread(orphaned_engines_end)
+        self._guard.start()
         before = {child.pid for child in psutil.Process().children(recursive=True)}
         # Building the engine blocks for tens of seconds (model load, KV-cache allocation):
         # a thread keeps this process's event loop (heartbeats, other consumers) responsive.
@@ -179,6 +184,7 @@ class VllmEngine:
             self._engine.shutdown()
             self._engine = None
             self._engine_processes = []
+        self._guard.stand_down()
 
     def _require_engine(self) -> AsyncLLM:
         if self._engine is None:

@@ -1,7 +1,8 @@
 /*
- * The console in the browser: draws the dashboard's 15-minute charts as inline SVG from the
- * JSON the live region carries (redrawn after each htmx refresh), and asks before a drain,
- * promotion or rollback. No framework and nothing loaded from elsewhere.
+ * The console in the browser: keeps the dashboard's live region current from the console's
+ * socket (falling back to htmx polling while the socket is down), draws the 15-minute charts as
+ * inline SVG from the JSON the live region carries, and asks before a drain, promotion or
+ * rollback. No framework and nothing loaded from elsewhere.
  */
 (() => {
   "use strict";
@@ -127,17 +128,83 @@
     document.querySelectorAll("figure.chart[data-chart]").forEach((figure) => drawChart(figure, data));
   }
 
-  /** Forms with data-confirm (drain, promote, roll back) go ahead only once confirmed. */
+  // --- the live region ---------------------------------------------------------------------
+
+  const RECONNECT_MAX_MS = 10_000;
+  let socket = null;
+  let reconnectMs = 500;
+
+  /** The htmx poll's filter: poll only while the socket is not delivering. */
+  window.consoleLiveNeedsPoll = () =>
+    document.visibilityState === "visible" && !(socket && socket.readyState === WebSocket.OPEN);
+
+  function showLiveMode(mode) {
+    const status = document.getElementById("live-status");
+    if (!status) return;
+    status.dataset.live = mode;
+    status.textContent = mode === "socket"
+      ? "Live: updates every second. Rates and latencies cover the last 5 minutes."
+      : "Reconnecting; meanwhile refreshes every 2 seconds. Rates and latencies cover the last 5 minutes.";
+  }
+
+  /** A snapshot is the live region's elements by id, as the htmx poll would swap them. */
+  function applySnapshot(html) {
+    const template = document.createElement("template");
+    template.innerHTML = html;
+    [...template.content.children].forEach((fresh) => {
+      const current = fresh.id && document.getElementById(fresh.id);
+      if (!current) return;
+      fresh.removeAttribute("hx-swap-oob");
+      current.replaceWith(fresh);
+      if (window.htmx) window.htmx.process(fresh);
+    });
+    drawCharts();
+  }
+
+  function connectLive() {
+    const scheme = window.location.protocol === "https:" ? "wss" : "ws";
+    socket = new WebSocket(`${scheme}://${window.location.host}/console/live/socket`);
+    socket.addEventListener("open", () => {
+      reconnectMs = 500;
+      showLiveMode("socket");
+    });
+    socket.addEventListener("message", (event) => applySnapshot(event.data));
+    socket.addEventListener("close", () => {
+      showLiveMode("poll");
+      window.setTimeout(connectLive, reconnectMs);
+      reconnectMs = Math.min(RECONNECT_MAX_MS, reconnectMs * 2);
+    });
+  }
+
+  // --- forms ---------------------------------------------------------------------------------
+
+  /**
+   * Forms with data-confirm (drain, promote, roll back) go ahead only once confirmed. A form
+   * that came in a pushed snapshot (one rendering for every tab) carries no CSRF token: it takes
+   * this page's.
+   */
   function onSubmit(event) {
-    const form = event.target.closest("form[data-confirm]");
-    if (form && !window.confirm(form.dataset.confirm)) event.preventDefault();
+    const form = event.target.closest("form");
+    if (!form) return;
+    if (form.dataset.confirm && !window.confirm(form.dataset.confirm)) {
+      event.preventDefault();
+      return;
+    }
+    if (form.method === "post" && !form.elements.csrfmiddlewaretoken) {
+      const token = document.createElement("input");
+      token.type = "hidden";
+      token.name = "csrfmiddlewaretoken";
+      token.value = document.querySelector('meta[name="csrf-token"]').content;
+      form.append(token);
+    }
   }
 
   function init() {
     document.addEventListener("submit", onSubmit);
-    // The live region refreshes every 2 s; the chart data arrives with it, out of band.
+    // While the socket is down htmx polls; the chart data arrives with it, out of band.
     document.body.addEventListener("htmx:afterSettle", drawCharts);
     drawCharts();
+    if (document.getElementById("live-summary")) connectLive();
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);

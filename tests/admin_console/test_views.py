@@ -3,8 +3,11 @@
 import json
 
 import pytest
+from django.core.checks import run_checks
 from django.test import Client
+from django.urls import resolve
 
+from admin_console import urls as console_urls
 from admin_console.models import AuditLog, CanaryRollout
 from chat.models import User
 from scheduler.models import TierPolicy
@@ -15,30 +18,66 @@ from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db
 
-PAGES = ["/console/", "/console/live", "/console/limits", "/console/canary", "/console/audit"]
+# Every console URL with the method it answers; the first test keeps this list complete.
+CONSOLE_URLS = [
+    ("GET", "/console/"),
+    ("GET", "/console/live"),
+    ("POST", "/console/workers/worker-1/drain"),
+    ("GET", "/console/limits"),
+    ("POST", "/console/limits/normal"),
+    ("GET", "/console/canary"),
+    ("POST", "/console/canary/start"),
+    ("POST", "/console/canary/split"),
+    ("POST", "/console/canary/promote"),
+    ("POST", "/console/canary/rollback"),
+    ("GET", "/console/audit"),
+    ("GET", "/console/api-keys"),
+    ("POST", "/console/api-keys/create"),
+    ("POST", "/console/api-keys/1/revoke"),
+]
 
 
-@pytest.mark.parametrize("url", PAGES)
-def test_visitors_who_are_not_signed_in_are_sent_to_sign_in(url):
-    response = Client().get(url)
-    assert response.status_code == 302
-    assert response["Location"] == f"/accounts/login/?next={url}"
+def _call(client: Client, method: str, url: str, **headers: str):
+    return client.get(url, headers=headers) if method == "GET" else client.post(url, headers=headers)
 
 
-@pytest.mark.parametrize("url", PAGES)
-def test_signed_in_customers_are_refused(url):
+def test_the_list_of_console_urls_covers_every_console_view():
+    listed = {resolve(url).url_name for _, url in CONSOLE_URLS}
+    assert listed == {pattern.name for pattern in console_urls.urlpatterns}
+
+
+@pytest.mark.parametrize(("method", "url"), CONSOLE_URLS)
+def test_signed_in_customers_are_refused_everywhere(method, url):
     client = Client()
     client.force_login(User.objects.create_user("alice", password="pw"))
-    response = client.get(url)
-    assert response.status_code == 403
-    assert b"Staff only" in response.content
+    for headers in ({}, {"HX-Request": "true"}):
+        response = _call(client, method, url, **headers)
+        assert response.status_code == 403
+        assert b"Staff only" in response.content
 
 
-def test_a_customer_cannot_change_anything_either():
+@pytest.mark.parametrize(("method", "url"), CONSOLE_URLS)
+def test_visitors_who_are_not_signed_in_sign_in_for_a_page_and_are_refused_anything_else(method, url):
+    client = Client()
+    response = _call(client, method, url)
+    if method == "GET":
+        assert response.status_code == 302
+        assert response["Location"] == f"/accounts/login/?next={url}"
+    else:
+        assert response.status_code == 403
+    # An htmx request cannot come back after signing in either.
+    assert _call(client, method, url, **{"HX-Request": "true"}).status_code == 403
+
+
+def test_a_customer_changes_nothing():
     client = Client()
     client.force_login(User.objects.create_user("alice", password="pw"))
-    assert client.post("/console/limits/normal", {"normal-bucket_capacity": 1}).status_code == 403
-    assert client.post("/console/canary/split", {"split_percent": 100}).status_code == 403
+    before = TierPolicy.objects.get(tier="normal").bucket_capacity
+    client.post("/console/limits/normal", {"normal-bucket_capacity": before + 1})
+    client.post("/console/canary/split", {"split_percent": 100})
+    assert TierPolicy.objects.get(tier="normal").bucket_capacity == before
+    assert canary_split().split_percent == 0
+    assert not AuditLog.objects.exists()
 
 
 def test_the_dashboard_shows_queues_and_workers(client_staff):
@@ -86,6 +125,23 @@ def test_a_valid_policy_edit_is_saved_and_an_invalid_one_shows_why(client_staff)
     assert b"Ensure this value is greater than or equal to 1." in refused.content
     assert TierPolicy.objects.get(tier="vip").max_queued == 33
     assert AuditLog.objects.count() == 1
+
+
+def test_a_policy_that_cannot_work_is_refused_in_the_words_of_manage_py_check(client_staff, settings):
+    values = {
+        f"vip-{name}": value
+        for name, value in TierPolicy.objects.filter(tier="vip").values().get().items()
+        if name not in {"tier", "updated_at"}
+    }
+    refused = client_staff.post("/console/limits/vip", {**values, "vip-wait_slo_s": 60, "vip-max_wait_s": 30})
+    assert refused.status_code == 400
+    assert TierPolicy.objects.get(tier="vip").wait_slo_s == values["vip-wait_slo_s"]
+    settings.RATE_LIMIT_POLICIES = {
+        **settings.RATE_LIMIT_POLICIES,
+        "vip": {**settings.RATE_LIMIT_POLICIES["vip"], "wait_slo_s": 60.0, "max_wait_s": 30.0},
+    }
+    [check] = [message for message in run_checks() if message.id == "scheduler.E101"]
+    assert f"{check.msg} {check.hint}".encode() in refused.content
 
 
 def test_a_drain_button_asks_the_worker_to_drain(client_staff):

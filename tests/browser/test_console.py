@@ -93,6 +93,28 @@ def test_the_dashboard_queue_depth_rises_under_load_and_falls_after(staff_page, 
     assert errors == []
 
 
+def test_a_worker_joining_and_draining_shows_on_an_open_dashboard_without_a_reload(staff_page, stack):
+    page = staff_page
+    errors = js_errors(page)
+    # Pushed over the console's socket: while it is open the page does not poll.
+    expect(page.locator("#live-status")).to_have_attribute("data-live", "socket")
+    polls: list[str] = []
+    page.on("request", lambda request: polls.append(request.url) if "/console/live" in request.url else None)
+    workers = page.locator("section:has(#workers-heading) tbody tr")
+    spare = workers.filter(has=page.get_by_role("cell", name="spare", exact=True))
+    expect(spare).to_have_count(0)
+
+    worker = stack.start_worker(INFERENCE_VARIANT="spare")
+    expect(spare).to_have_count(1)
+    # The Drain form came in a snapshot rendered once for every tab; it posts with this page's token.
+    spare.get_by_role("button", name="Drain").click()
+    expect(page.get_by_role("status").filter(has_text="is draining")).to_be_visible()
+    assert worker.wait(timeout_s=60) == 0
+    expect(spare).to_have_count(0, timeout=30_000)
+    assert polls == []
+    assert errors == []
+
+
 # The widths of a laptop, a small laptop and a tablet held sideways.
 @pytest.mark.parametrize("width", [1280, 1024, 900])
 def test_the_queues_table_stays_inside_its_card(staff_page, width):

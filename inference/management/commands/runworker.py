@@ -13,6 +13,7 @@ from channels.management.commands.runworker import Command as ChannelsRunWorker
 from channels.worker import Worker
 from django.core.management import CommandError
 
+from config.startup import system_checks_enforce
 from inference.engines.base import EngineDeadError
 from inference.metrics import worker_exporter_start
 from inference.worker import InferenceWorker
@@ -36,8 +37,11 @@ class InferenceServer(Worker):
 class Command(ChannelsRunWorker):
     help = "Run the inference worker: `runworker inference`."
     worker_class = InferenceServer
+    # Run below, with the checks that read the database (the tier policies in force).
+    requires_system_checks = []
 
     def handle(self, *args, **options) -> None:
+        system_checks_enforce()
         try:
             super().handle(*args, **options)
         except EngineDeadError as exc:

@@ -1,0 +1,68 @@
+"""System checks for the settings of the chat's streams and batch jobs.
+
+`manage.py check` runs them, and so does every process when it starts (config/startup.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning, register
+
+from chat.jobs import READ_BLOCK_S
+from chat.relay import RECONNECT_MS
+
+
+@register()
+def stream_timing_check(**kwargs: Any) -> list[CheckMessage]:
+    messages: list[CheckMessage] = []
+    heartbeat_s, proxy_s = settings.SSE_HEARTBEAT_S, settings.PROXY_READ_TIMEOUT_S
+    if heartbeat_s <= 0 or (proxy_s > 0 and heartbeat_s >= proxy_s):
+        messages.append(
+            Error(
+                f"SSE_HEARTBEAT_S = {heartbeat_s:g} s: a stream waiting in the queue or on a slow "
+                f"answer stays silent longer than the proxy waits (PROXY_READ_TIMEOUT_S = "
+                f"{proxy_s:g} s), and the proxy cuts it.",
+                hint="Set SSE_HEARTBEAT_S well below PROXY_READ_TIMEOUT_S (default 15).",
+                id="chat.E001",
+            )
+        )
+    if settings.SSE_STATUS_INTERVAL_S <= 0:
+        messages.append(
+            Error(
+                f"SSE_STATUS_INTERVAL_S = {settings.SSE_STATUS_INTERVAL_S:g} s: queued streams "
+                "would send status events without pause.",
+                hint="Set SSE_STATUS_INTERVAL_S to a second or more (default 2).",
+                id="chat.E002",
+            )
+        )
+    grace_s = settings.STREAM_DISCONNECT_GRACE_S
+    if grace_s < RECONNECT_MS / 1000:
+        messages.append(
+            Warning(
+                f"STREAM_DISCONNECT_GRACE_S = {grace_s:g} s is shorter than a browser takes to "
+                f"reconnect ({RECONNECT_MS / 1000:g} s): a page reload or a network blip cancels "
+                "the answer being written.",
+                hint=f"Set STREAM_DISCONNECT_GRACE_S to {RECONNECT_MS / 1000:g} s or more (default 30).",
+                id="chat.W001",
+            )
+        )
+    return messages
+
+
+@register()
+def batch_job_lease_check(**kwargs: Any) -> list[CheckMessage]:
+    # A task renews its job's lease every third of the lease, between reads that block up to
+    # READ_BLOCK_S: the lease must outlast one renewal period plus one read.
+    lease_s = settings.BATCH_JOB_LEASE_S
+    if lease_s / 3 + READ_BLOCK_S >= lease_s:
+        return [
+            Error(
+                f"BATCH_JOB_LEASE_S = {lease_s:g} s runs out before the task feeding a job can "
+                "renew it: a second task takes the job over while the first still feeds it.",
+                hint=f"Set BATCH_JOB_LEASE_S above {1.5 * READ_BLOCK_S:g} s (default 30).",
+                id="chat.E003",
+            )
+        ]
+    return []
