@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
-from typing import Any
 from uuid import UUID
 
 import redis
@@ -37,12 +36,21 @@ from chat.openai_shapes import ChatRequest
 from config.celery import app as celery_app
 from scheduler import control, keys
 from scheduler.admission import AdmissionRefused, request_submit
+from scheduler.generation import (
+    AnswerFold,
+    Done,
+    Error,
+    GenerationJob,
+    Origin,
+    SamplingParams,
+    Tier,
+    event_decode,
+)
 from scheduler.redis import sync_redis
 from scheduler.routing import variant_for
 
 logger = logging.getLogger(__name__)
 
-TIER = "batch"
 ACTIVE = (BatchJob.Status.QUEUED, BatchJob.Status.RUNNING)
 UNFINISHED = (BatchJobItem.Status.PENDING, BatchJobItem.Status.SUBMITTED)
 # Named rather than imported: chat.tasks imports this module.
@@ -73,7 +81,11 @@ def job_create(*, api_key: ApiKey, requests: list[ChatRequest]) -> BatchJob:
             owner=api_key.owner, api_key=api_key, lease_expires_at=timezone.now() + _lease()
         )
         BatchJobItem.objects.bulk_create(
-            BatchJobItem(job=job, index=n, request=request.generation_params())
+            BatchJobItem(
+                job=job,
+                index=n,
+                request={"messages": request.messages, **request.sampling_params().to_dict()},
+            )
             for n, request in enumerate(requests)
         )
         transaction.on_commit(partial(_dispatch, job.pk))
@@ -92,7 +104,7 @@ def job_cancel(*, job: BatchJob) -> bool:
             return False
         unfinished = job.items.filter(status__in=UNFINISHED)
         request_ids = [
-            str(rid) for rid in unfinished.exclude(request_id=None).values_list("request_id", flat=True)
+            str(rid) for rid in unfinished.exclude(generation_id=None).values_list("generation_id", flat=True)
         ]
         unfinished.update(status=BatchJobItem.Status.CANCELLED, completed_at=now)
     # A request still queued is skipped when a worker claims it; a running one is aborted.
@@ -144,9 +156,9 @@ def _item_reserve(item: BatchJobItem) -> bool:
     request_id = uuid.uuid4()
     variant = variant_for(conversation_id=str(request_id))
     reserved = BatchJobItem.objects.filter(
-        pk=item.pk, status=BatchJobItem.Status.PENDING, request_id__isnull=True
-    ).update(request_id=request_id, variant=variant)
-    item.request_id, item.variant = request_id, variant
+        pk=item.pk, status=BatchJobItem.Status.PENDING, generation_id__isnull=True
+    ).update(generation_id=request_id, variant=variant)
+    item.generation_id, item.variant = request_id, variant
     return reserved == 1
 
 
@@ -159,10 +171,17 @@ def _item_mark_submitted(item: BatchJobItem) -> bool:
     )
 
 
-def _item_finish(item_id: int, **result: Any) -> None:
-    # Only a submitted item: a cancelled job's items stay cancelled.
+def _item_finish(item_id: int, *, end: Done | Error) -> None:
+    """The item's answer ended (and is in its generation record: the worker stores it before
+    it publishes the end). Only a submitted item: a cancelled job's items stay cancelled."""
+    if isinstance(end, Error):
+        status = BatchJobItem.Status.FAILED
+    elif end.finish_reason == "cancelled":
+        status = BatchJobItem.Status.CANCELLED
+    else:
+        status = BatchJobItem.Status.COMPLETED
     BatchJobItem.objects.filter(pk=item_id, status=BatchJobItem.Status.SUBMITTED).update(
-        completed_at=timezone.now(), **result
+        status=status, completed_at=timezone.now()
     )
 
 
@@ -174,7 +193,7 @@ class _Followed:
     item_id: int
     stream: str
     cursor: str = "0-0"  # from the start: a resumed task replays what it did not see
-    parts: list[str] = field(default_factory=list)
+    answer: AnswerFold = field(default_factory=AnswerFold)
 
 
 class _JobFeeder:
@@ -211,7 +230,7 @@ class _JobFeeder:
                 time.sleep(1.0)
 
     def _follow(self, item: BatchJobItem) -> None:
-        stream = keys.result(item.variant, str(item.request_id))
+        stream = keys.result(item.variant, str(item.generation_id))
         self.followed[stream] = _Followed(item_id=item.pk, stream=stream)
 
     def _submit_more(self) -> None:
@@ -232,21 +251,26 @@ class _JobFeeder:
 
     def _submit(self, item: BatchJobItem) -> bool:
         """Submit one item; False when it is no longer pending (its job was cancelled)."""
-        if item.request_id is None:
+        if item.generation_id is None:
             if not _item_reserve(item):
                 return False
-        elif self.redis.exists(keys.result(item.variant, str(item.request_id))):
+        elif self.redis.exists(keys.result(item.variant, str(item.generation_id))):
             # Submitted by a task that died before it could record so.
             return _item_mark_submitted(item)
         request_submit(
-            request_id=str(item.request_id),
-            client_id=self.client_id,
-            tier=TIER,
-            variant=item.variant,
-            payload=item.request,
+            job=GenerationJob(
+                request_id=str(item.generation_id),
+                origin=Origin.BATCH,
+                messages=item.request["messages"],
+                sampling=SamplingParams.from_dict(item.request),
+                client_id=self.client_id,
+                tier=Tier.BATCH,
+                variant=item.variant,
+                disconnect_grace_s=None,  # nobody watches a batch request's stream
+            )
         )
         if not _item_mark_submitted(item):
-            control.request_cancel(request_id=str(item.request_id))
+            control.request_cancel(request_id=str(item.generation_id))
             return False
         return True
 
@@ -260,36 +284,11 @@ class _JobFeeder:
             followed = self.followed[stream]
             for entry_id, fields in entries:
                 followed.cursor = entry_id
-                if self._apply(followed, fields["type"], json.loads(fields["data"])):
+                followed.answer.add(event_decode(fields["type"], json.loads(fields["data"])))
+                if followed.answer.end is not None:
+                    _item_finish(followed.item_id, end=followed.answer.end)
                     del self.followed[stream]
                     break
-
-    def _apply(self, followed: _Followed, kind: str, data: dict[str, Any]) -> bool:
-        """Take one result event; True when the item's answer has ended and is stored."""
-        if kind == "token":
-            followed.parts.append(data["text"])
-        elif kind == "reset":
-            followed.parts.clear()  # a worker died; the answer restarts from scratch
-        elif kind == "done":
-            usage = data.get("usage") or {}
-            cancelled = data["finish_reason"] == "cancelled"
-            _item_finish(
-                followed.item_id,
-                status=BatchJobItem.Status.CANCELLED if cancelled else BatchJobItem.Status.COMPLETED,
-                content="".join(followed.parts),
-                finish_reason=data["finish_reason"],
-                prompt_tokens=usage.get("prompt_tokens"),
-                completion_tokens=usage.get("completion_tokens"),
-            )
-        elif kind == "error":
-            _item_finish(
-                followed.item_id,
-                status=BatchJobItem.Status.FAILED,
-                content="".join(followed.parts),
-                error_code=data["code"],
-                error_message=data["message"],
-            )
-        return kind in {"done", "error"}
 
 
 def job_feed(*, job_id: UUID, budget_s: float, stop_requested: Callable[[], bool] = lambda: False) -> bool:
@@ -321,7 +320,7 @@ def job_progress(*, job: BatchJob) -> dict[str, int]:
 
 
 def job_items(*, job: BatchJob) -> QuerySet[BatchJobItem]:
-    return job.items.order_by("index")
+    return job.items.select_related("generation").order_by("index")
 
 
 def job_ids_stalled() -> list[UUID]:

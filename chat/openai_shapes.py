@@ -17,6 +17,7 @@ from django.http import JsonResponse
 
 from chat.models import BatchJob, BatchJobItem
 from scheduler.admission import AdmissionRefused
+from scheduler.generation import SamplingParams, Usage
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP_SEQUENCES = 4
@@ -113,15 +114,10 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
 
-    def generation_params(self) -> dict[str, Any]:
-        """What the inference worker reads from a job's payload."""
-        return {
-            "messages": self.messages,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "stop": self.stop,
-        }
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, stop=tuple(self.stop)
+        )
 
 
 def _is_number(value: Any) -> bool:
@@ -235,9 +231,8 @@ def completion_id(request_id: str) -> str:
     return "chatcmpl-" + request_id.replace("-", "")
 
 
-def usage_object(usage: dict[str, int]) -> dict[str, int]:
-    prompt = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or 0)
+def usage_object(usage: Usage) -> dict[str, int]:
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -248,7 +243,7 @@ def completion_object(
     model: str,
     text: str,
     finish_reason: str,
-    usage: dict[str, int],
+    usage: Usage,
 ) -> dict[str, Any]:
     return {
         "id": completion_id(request_id),
@@ -293,7 +288,7 @@ class ChunkHeader:
             chunk["usage"] = None  # OpenAI: null on every chunk but the last
         return chunk
 
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self.chunk(None), "usage": usage_object(usage)}
 
 
@@ -329,16 +324,18 @@ def _timestamp(moment: datetime | None) -> int | None:
 def _item_result(item: BatchJobItem) -> dict[str, Any]:
     result: dict[str, Any] = {"index": item.index, "status": item.status, "response": None, "error": None}
     if item.status == BatchJobItem.Status.COMPLETED:
+        answer = item.generation
         result["response"] = completion_object(
-            request_id=str(item.request_id),
-            created=_timestamp(item.completed_at) or 0,
-            model=item.variant,
-            text=item.content,
-            finish_reason=item.finish_reason,
-            usage={"prompt_tokens": item.prompt_tokens, "completion_tokens": item.completion_tokens},
+            request_id=str(item.generation_id),
+            created=_timestamp(answer.finished_at) or 0,
+            model=answer.variant,
+            text=answer.text,
+            finish_reason=answer.finish_reason,
+            usage=Usage(answer.prompt_tokens or 0, answer.completion_tokens or 0),
         )
     elif item.status == BatchJobItem.Status.FAILED:
-        result["error"] = {"code": item.error_code, "message": item.error_message}
+        answer = item.generation
+        result["error"] = {"code": answer.error_code, "message": answer.error_message}
     elif item.status == BatchJobItem.Status.CANCELLED:
         result["error"] = {
             "code": "cancelled",

@@ -30,6 +30,7 @@ from chat.models import Conversation, Message, User
 from chat.relay import relay_events
 from chat.sse import SSE_HEADERS
 from scheduler.admission import AdmissionRefused
+from scheduler.generation import Tier
 from scheduler.results import parse_event_id
 
 logger = logging.getLogger(__name__)
@@ -85,7 +86,7 @@ def _guest_address(request: HttpRequest) -> str | None:
 
 
 def _tier(request: HttpRequest) -> str:
-    return request.user.tier if request.user.is_authenticated else User.Tier.NORMAL
+    return request.user.tier if request.user.is_authenticated else Tier.NORMAL
 
 
 def _wants_json(request: HtmxHttpRequest) -> bool:
@@ -254,7 +255,7 @@ async def stream(request: HttpRequest, request_id: UUID) -> HttpResponse:
     except Message.DoesNotExist as exc:
         raise Http404("No such request.") from exc
     events = relay_events(
-        variant=message.variant,
+        variant=message.generation.variant,
         request_id=str(request_id),
         after_id=parse_event_id(request.headers.get("Last-Event-ID")),
     )

@@ -16,10 +16,12 @@ from chat.models import ApiKey, BatchJob, BatchJobItem, User
 from chat.openai_shapes import chat_request_parse
 from scheduler import keys
 from scheduler.admission import request_submit
+from scheduler.generation import Origin
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
 from tests.chat import worker_double
+from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -164,9 +166,11 @@ def test_a_job_goes_through_the_batch_tier_a_few_at_a_time_and_every_answer_is_s
     assert len(queued) == 5  # each request submitted once
     assert {q["client_id"] for q in queued} == {f"job:{job.pk}"}
     items = _items(job)
-    assert [i.content for i in items] == [f"Answer to Question {n}" for n in range(5)]
-    assert {(i.status, i.finish_reason, i.completion_tokens) for i in items} == {("completed", "stop", 3)}
-    assert sorted(str(i.request_id) for i in items) == sorted(q["request_id"] for q in queued)
+    assert [i.generation.text for i in items] == [f"Answer to Question {n}" for n in range(5)]
+    assert {(i.status, i.generation.finish_reason, i.generation.completion_tokens) for i in items} == {
+        ("completed", "stop", 3)
+    }
+    assert sorted(str(i.generation_id) for i in items) == sorted(q["request_id"] for q in queued)
     assert jobs.job_progress(job=job)["completed"] == 5
 
 
@@ -183,13 +187,13 @@ def test_a_job_taken_over_from_a_dead_task_re_follows_its_requests_and_submits_n
     assert jobs.job_ids_stalled() == []
     BatchJob.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert jobs.job_ids_stalled() == [job.pk]
-    worker_double.publish(first, ("token", {"seq": 1, "text": "and half."}), worker_double.done())
+    worker_double.end(first, ("token", {"seq": 1, "text": "and half."}), worker_double.done())
     worker_double.answer(second, "Second.")
     assert jobs.job_feed(job_id=job.pk, budget_s=5) is False
     job.refresh_from_db()
     assert job.status == "completed"
     # Followed again from the start of its stream: the text before the takeover is kept.
-    assert [i.content for i in _items(job)] == ["Half and half.", "Second."]
+    assert [i.generation.text for i in _items(job)] == ["Half and half.", "Second."]
     assert len(worker_double.queued("batch")) == 2
 
 
@@ -198,18 +202,16 @@ def test_a_request_whose_task_died_around_submitting_is_neither_lost_nor_asked_t
     lost, sent = _items(job)
     # Both had their id stored; only `sent` reached the scheduler before the task died.
     for item in (lost, sent):
-        item.request_id, item.variant = uuid.uuid4(), "stable"
+        item.generation_id, item.variant = uuid.uuid4(), "stable"
         item.save()
     request_submit(
-        request_id=str(sent.request_id),
-        client_id=f"job:{job.pk}",
-        tier="batch",
-        variant="stable",
-        payload=sent.request,
+        job=generation_job(
+            str(sent.generation_id), tier="batch", client_id=f"job:{job.pk}", origin=Origin.BATCH
+        )
     )
     jobs.job_feed(job_id=job.pk, budget_s=0)
     queued = [q["request_id"] for q in worker_double.queued("batch")]
-    assert sorted(queued) == sorted([str(sent.request_id), str(lost.request_id)])
+    assert sorted(queued) == sorted([str(sent.generation_id), str(lost.generation_id)])
     assert {i.status for i in _items(job)} == {"submitted"}
 
 
@@ -245,7 +247,7 @@ def test_cancelling_recalls_unanswered_requests_and_keeps_the_answers_already_st
     items = _items(job)
     assert [i.status for i in items] == ["completed", "cancelled", "cancelled", "cancelled"]
     # Those in the scheduler are told to stop; the one never submitted has nothing to recall.
-    in_scheduler = [str(i.request_id) for i in items[1:] if i.request_id]
+    in_scheduler = [str(i.generation_id) for i in items[1:] if i.generation_id]
     assert len(in_scheduler) == 2
     assert all(sync_redis().exists(keys.cancel(rid)) for rid in in_scheduler)
     # A late answer changes nothing, and no task feeds a cancelled job.
@@ -271,10 +273,11 @@ def test_an_answer_that_fails_is_stored_as_a_failed_result(api_key):
     job = _job(api_key, 1)
     jobs.job_feed(job_id=job.pk, budget_s=0)
     [queued] = worker_double.queued("batch")
-    worker_double.publish(queued["request_id"], ("error", {"code": "engine_error", "message": "It broke."}))
+    worker_double.end(queued["request_id"], ("error", {"code": "engine_error", "message": "It broke."}))
     jobs.job_feed(job_id=job.pk, budget_s=1)
     [item] = _items(job)
-    assert (item.status, item.error_code, item.error_message) == ("failed", "engine_error", "It broke.")
+    answer = item.generation
+    assert (item.status, answer.error_code, answer.error_message) == ("failed", "engine_error", "It broke.")
     assert BatchJob.objects.get().status == "completed"
 
 

@@ -10,10 +10,12 @@ from django.utils import timezone
 from chat import tasks, views
 from chat.models import Conversation, Message, User
 from scheduler import keys
-from scheduler.models import TierPolicy
+from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
+from tests.chat import worker_double
 from tests.chat.conftest import guest_key_of
+from tests.generation_jobs import generation_record
 
 pytestmark = pytest.mark.django_db
 
@@ -53,7 +55,8 @@ def test_a_message_is_stored_queued_and_answered_with_202_and_a_request_id(clien
     assert body["stream_url"] == f"/chat/stream/{body['request_id']}"
     user_message, assistant_message = conversation.messages.all()
     assert (user_message.role, user_message.content) == ("user", "Where is my order?")
-    assert (assistant_message.status, str(assistant_message.request_id)) == ("pending", body["request_id"])
+    answer = assistant_message.generation
+    assert (answer.status, str(answer.request_id)) == ("pending", body["request_id"])
     assert _queued() == 1
 
 
@@ -95,6 +98,22 @@ def test_a_second_message_while_an_answer_is_pending_gets_409(client_alice, conv
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "conversation_busy"
     assert conversation.messages.count() == 2
+
+
+def test_a_finished_answer_lets_the_next_message_through_and_is_part_of_its_prompt(
+    client_alice, conversation
+):
+    first = _post(client_alice, conversation, "Where is my order?").json()["request_id"]
+    worker_double.answer(first, "It ", "shipped.")
+    assert _post(client_alice, conversation, "When does it arrive?").status_code == 202
+    prompt = worker_double.queued("normal")[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in prompt[1:]] == [
+        ("user", "Where is my order?"),
+        ("assistant", "It shipped."),
+        ("user", "When does it arrive?"),
+    ]
+    page = client_alice.get(f"/chat/{conversation.pk}").content.decode()
+    assert "It shipped." in page
 
 
 def _flood(client: Client, owner: User, count: int) -> list:
@@ -296,9 +315,9 @@ def test_the_sidebar_titles_conversations_by_their_first_question(client_alice, 
 
 def test_the_model_variant_shows_to_staff_only(alice, conversation):
     conversation.messages.create(role=Message.Role.USER, content="Hello")
-    conversation.messages.create(
-        role=Message.Role.ASSISTANT, content="Hi.", variant="candidate-7b", engine="simulated"
-    )
+    answer = generation_record(variant="candidate-7b", text="Hi.")
+    Generation.objects.filter(pk=answer.pk).update(engine="simulated")
+    conversation.messages.create(role=Message.Role.ASSISTANT, generation=answer)
     customer = Client()
     customer.force_login(alice)
     page = customer.get(f"/chat/{conversation.pk}").content.decode()
