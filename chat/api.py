@@ -14,6 +14,7 @@ from typing import Any
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import reverse
@@ -90,10 +91,16 @@ def _authenticated(request: HttpRequest) -> ApiKey:
 
 
 def _json_body(request: HttpRequest) -> Any:
+    limit = settings.API_MAX_BODY_BYTES
+    too_large = ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
     try:
-        return json.loads(request.body)
+        body = request.body
     except RequestDataTooBig:
-        raise invalid("The request body is too large.") from None
+        raise too_large from None
+    if len(body) > limit:
+        raise too_large
+    try:
+        return json.loads(body)
     except ValueError:
         raise invalid("The request body is not valid JSON.") from None
 

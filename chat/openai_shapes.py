@@ -16,6 +16,7 @@ from django.conf import settings
 from django.http import JsonResponse
 
 from chat.models import BatchJob, BatchJobItem
+from chat.prompt import ChatTemplateError, prompt_token_count
 from scheduler.admission import AdmissionRefused
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -146,8 +147,9 @@ def _content_text(content: Any, param: str) -> str:
 
 
 def _messages(raw: Any, param: str) -> list[dict[str, str]]:
-    if not isinstance(raw, list) or not raw:
-        raise invalid("`messages` must be a non-empty list.", param)
+    limit = settings.API_MAX_MESSAGES
+    if not isinstance(raw, list) or not 1 <= len(raw) <= limit:
+        raise invalid(f"`messages` must be a list of 1 to {limit} messages.", param)
     messages = []
     for n, message in enumerate(raw):
         where = f"{param}[{n}]"
@@ -161,7 +163,31 @@ def _messages(raw: Any, param: str) -> list[dict[str, str]]:
         messages.append(
             {"role": ROLES[role], "content": _content_text(message.get("content"), f"{where}.content")}
         )
+    chars = sum(len(message["content"]) for message in messages)
+    if chars > settings.API_MAX_PROMPT_CHARS:
+        raise invalid(
+            f"The messages hold {chars} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted.",
+            param,
+        )
     return messages
+
+
+def _context_check(messages: list[dict[str, str]], max_tokens: int, param: str) -> None:
+    """Refuse, before it is queued, a prompt that the model's context cannot hold with its answer."""
+    try:
+        prompt_tokens = prompt_token_count(messages, model_path=settings.INFERENCE_MODEL)
+    except ChatTemplateError as exc:
+        raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
+    context = settings.INFERENCE_MAX_MODEL_LEN
+    if prompt_tokens + max_tokens > context:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in "
+            "the completion). Please reduce the length of the messages or completion.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def _max_tokens(data: dict[str, Any], param: str) -> int:
@@ -216,9 +242,12 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", allow_stream: bool 
         raise invalid(
             "`stream_options` is only allowed with `stream: true`.", param_prefix + "stream_options"
         )
+    messages = _messages(data.get("messages"), param_prefix + "messages")
+    max_tokens = _max_tokens(data, param_prefix)
+    _context_check(messages, max_tokens, param_prefix + "messages")
     return ChatRequest(
-        messages=_messages(data.get("messages"), param_prefix + "messages"),
-        max_tokens=_max_tokens(data, param_prefix),
+        messages=messages,
+        max_tokens=max_tokens,
         temperature=_bounded(data, "temperature", settings.GENERATION_TEMPERATURE, 0.0, 2.0, param_prefix),
         # vLLM needs top_p above 0; 0 would mean "no token at all".
         top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, 1e-6, 1.0, param_prefix),

@@ -135,6 +135,13 @@ RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
 # An API call whose client went away is cancelled after this long (0: at once). Unlike a
 # browser, code that dropped a connection does not come back to the same stream.
 API_DISCONNECT_GRACE_S = env_float("API_DISCONNECT_GRACE_S", 30.0)
+# Caps on what one call may send: the body (a job's too), the messages of one chat request and
+# their characters. Beyond these, a prompt must still fit the model's context with its answer.
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 2 * 1024 * 1024)
+API_MAX_MESSAGES = env_int("API_MAX_MESSAGES", 128)
+API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 32000)
+# Django refuses a body above this before any view sees it: never below the API's own cap.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, 2_621_440)
 BATCH_JOB_MAX_REQUESTS = env_int("BATCH_JOB_MAX_REQUESTS", 1000)
 # Requests of one job in the scheduler at once: bounds what a job draws from the global rate
 # limit and the batch queue, so that jobs interleave and a cancel has little to recall.
