@@ -164,7 +164,12 @@ def _owned_job(request: HttpRequest, job_id: UUID) -> BatchJob:
 @api_view("POST")
 def job_create(request: HttpRequest) -> HttpResponse:
     api_key = _authenticated(request)
-    job = jobs.job_create(api_key=api_key, requests=job_requests_parse(_json_body(request)))
+    requests = job_requests_parse(_json_body(request))
+    try:
+        job = jobs.job_create(api_key=api_key, requests=requests)
+    except jobs.TooManyActiveJobs as exc:
+        # No honest Retry-After: jobs take as long as they take. Clients should not loop.
+        raise ApiError(429, str(exc), type="requests", code="too_many_active_jobs", retryable=False) from None
     response = JsonResponse(job_object(job, jobs.job_progress(job=job)), status=202)
     response["Location"] = reverse("api:job", args=[job.pk])
     return response

@@ -368,6 +368,11 @@ def _item_result(item: BatchJobItem) -> dict[str, Any]:
         )
     elif item.status == BatchJobItem.Status.FAILED:
         result["error"] = {"code": item.error_code, "message": item.error_message}
+    elif item.status == BatchJobItem.Status.CANCELLED and item.job.status == BatchJob.Status.KEY_REVOKED:
+        result["error"] = {
+            "code": "key_revoked",
+            "message": "The job's API key was revoked before this request was answered.",
+        }
     elif item.status == BatchJobItem.Status.CANCELLED:
         result["error"] = {
             "code": "cancelled",

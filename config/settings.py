@@ -109,6 +109,11 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Batch job slices run for a minute each on their own queue and worker (`celery worker -Q
+# batch-jobs`): however many jobs there are, the periodic tasks on the default queue (canary
+# rollback, reclaim, retention) never wait behind them.
+BATCH_JOBS_CELERY_QUEUE = "batch-jobs"
+CELERY_TASK_ROUTES = {"chat.tasks.job_run": {"queue": BATCH_JOBS_CELERY_QUEUE}}
 
 # --- chat -------------------------------------------------------------------------------
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 4000)
@@ -143,6 +148,8 @@ API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 32000)
 # Django refuses a body above this before any view sees it: never below the API's own cap.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, 2_621_440)
 BATCH_JOB_MAX_REQUESTS = env_int("BATCH_JOB_MAX_REQUESTS", 1000)
+# Unfinished jobs one account may have; more are refused with 429.
+BATCH_JOB_MAX_ACTIVE_PER_OWNER = env_int("BATCH_JOB_MAX_ACTIVE_PER_OWNER", 4)
 # Requests of one job in the scheduler at once: bounds what a job draws from the global rate
 # limit and the batch queue, so that jobs interleave and a cancel has little to recall.
 BATCH_JOB_MAX_IN_FLIGHT = env_int("BATCH_JOB_MAX_IN_FLIGHT", 16)

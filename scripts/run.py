@@ -23,7 +23,7 @@ PYTHON = sys.executable
 HOST = os.environ.get("HOST", "127.0.0.1")
 PORT = int(os.environ.get("PORT", "8000"))
 REDIS_PORT = int(os.environ.get("PRIVATE_REDIS_PORT", "6390"))
-COLORS = {"redis": 31, "web": 32, "inference": 35, "celery": 36}
+COLORS = {"redis": 31, "web": 32, "inference": 35, "celery": 36, "celery-jobs": 34}
 
 
 def say(text: str) -> None:
@@ -137,6 +137,34 @@ def main() -> None:
                         "config",
                         "worker",
                         "-B",
+                        "--queues",
+                        "celery",
+                        "--loglevel",
+                        "INFO",
+                        "--concurrency",
+                        "2",
+                    ],
+                    env,
+                ),
+            )
+        )
+        # Batch job slices on their own worker: the periodic tasks above never wait behind them.
+        children.append(
+            (
+                "celery-jobs",
+                start(
+                    "celery-jobs",
+                    [
+                        PYTHON,
+                        "-m",
+                        "celery",
+                        "-A",
+                        "config",
+                        "worker",
+                        "--queues",
+                        "batch-jobs",
+                        "--hostname",
+                        "jobs@%h",
                         "--loglevel",
                         "INFO",
                         "--concurrency",

@@ -71,11 +71,14 @@ class Stack:
     def kill_worker(self, worker: subprocess.Popen) -> None:
         stop(worker, signal.SIGKILL)
 
-    def start_celery(self, *, beat: bool = True, timeout_s: float = 60.0) -> subprocess.Popen:
-        """A Celery worker (threads pool), with beat for the periodic tasks unless told not to."""
+    def start_celery(
+        self, *, beat: bool = True, queues: str = "celery,batch-jobs", timeout_s: float = 60.0
+    ) -> subprocess.Popen:
+        """A Celery worker (threads pool), with beat for the periodic tasks unless told not to;
+        it consumes the default queue and the batch jobs' unless given `queues`."""
         log_path = self.workdir / f"celery-{len(list(self.workdir.glob('celery-*.log')))}.log"
         command = [
-            sys.executable, "-m", "celery", "-A", "config", "worker",
+            sys.executable, "-m", "celery", "-A", "config", "worker", "--queues", queues,
             "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
             "--without-heartbeat", "--without-mingle", "--without-gossip",
         ]  # fmt: skip
