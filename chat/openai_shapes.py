@@ -21,6 +21,8 @@ from scheduler.admission import AdmissionRefused
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP_SEQUENCES = 4
+# vLLM needs top_p above 0; 0 would mean "no token at all".
+MIN_TOP_P = 1e-6
 # Parameters we cannot apply, with the values that mean "not used".
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
@@ -156,6 +158,8 @@ def _messages(raw: Any, param: str) -> list[dict[str, str]]:
         if not isinstance(message, dict):
             raise invalid("Each message must be an object with `role` and `content`.", where)
         role = message.get("role")
+        if not isinstance(role, str):
+            raise invalid(f"`role` must be one of {', '.join(ROLES)}.", f"{where}.role")
         if role in {"tool", "function"} or message.get("tool_calls"):
             raise invalid("Tools (function calling) are not supported.", f"{where}.role")
         if role not in ROLES:
@@ -196,6 +200,8 @@ def _max_tokens(data: dict[str, Any], param: str) -> int:
     if value is None:
         return settings.GENERATION_MAX_TOKENS
     limit = settings.INFERENCE_MAX_MODEL_LEN
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has one number type: 64.0 is the integer 64
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
         raise invalid(f"`{name}` must be an integer from 1 to {limit}.", param + name)
     return value
@@ -249,8 +255,7 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", allow_stream: bool 
         messages=messages,
         max_tokens=max_tokens,
         temperature=_bounded(data, "temperature", settings.GENERATION_TEMPERATURE, 0.0, 2.0, param_prefix),
-        # vLLM needs top_p above 0; 0 would mean "no token at all".
-        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, 1e-6, 1.0, param_prefix),
+        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, MIN_TOP_P, 1.0, param_prefix),
         stop=_stop(data.get("stop"), param_prefix + "stop"),
         stream=stream,
         include_usage=bool((stream_options or {}).get("include_usage")),
