@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import api_keys, completions, jobs
+from chat import api_keys, completions, jobs, openai_protocol
 from chat.models import ApiKey, BatchJob
 from chat.openai_shapes import (
     ApiError,
@@ -112,6 +112,18 @@ def _live_models() -> dict[str, str]:
         if not worker.state.get("draining"):
             engines.setdefault(worker.variant, set()).add(worker.engine)
     return {variant: ", ".join(sorted(labels)) for variant, labels in sorted(engines.items())}
+
+
+@csrf_exempt
+def not_found(request: HttpRequest, path: str) -> HttpResponse:
+    """Any other path under /v1: OpenAI clients read errors as JSON, never an HTML page."""
+    return ApiError(404, f"There is no endpoint /v1/{path}.", code="unknown_url").response()
+
+
+@api_view("GET")
+def openapi(request: HttpRequest) -> HttpResponse:
+    """The OpenAPI document of /v1, public like any API reference."""
+    return JsonResponse(openai_protocol.openapi_document())
 
 
 @api_view("GET")
