@@ -67,15 +67,29 @@ def _lease() -> timedelta:
 
 
 def _dispatch(job_id: UUID) -> None:
+    # Routed to the batch jobs' own queue (CELERY_TASK_ROUTES), which its own worker consumes.
     celery_app.send_task(JOB_RUN_TASK, args=[str(job_id)])
+
+
+class TooManyActiveJobs(Exception):
+    """The owner already has BATCH_JOB_MAX_ACTIVE_PER_OWNER jobs queued or running."""
 
 
 # --- writes -----------------------------------------------------------------------------------
 
 
 def job_create(*, api_key: ApiKey, requests: list[ChatRequest]) -> BatchJob:
-    """Store the job and its requests; a Celery task starts feeding it once this commits."""
+    """Store the job and its requests; a Celery task starts feeding it once this commits.
+    Raises TooManyActiveJobs."""
     with transaction.atomic():
+        # Locking the owner's row serialises one owner's creations, so two at once cannot both
+        # pass the count below.
+        User.objects.select_for_update().filter(pk=api_key.owner_id).exists()
+        limit = settings.BATCH_JOB_MAX_ACTIVE_PER_OWNER
+        if BatchJob.objects.filter(owner_id=api_key.owner_id, status__in=ACTIVE).count() >= limit:
+            raise TooManyActiveJobs(
+                f"You already have {limit} unfinished jobs; wait for one to finish or cancel one."
+            )
         # The lease keeps the sweep from starting a second task while the first is on its way.
         job = BatchJob.objects.create(
             owner=api_key.owner, api_key=api_key, lease_expires_at=timezone.now() + _lease()
@@ -92,13 +106,13 @@ def job_create(*, api_key: ApiKey, requests: list[ChatRequest]) -> BatchJob:
     return job
 
 
-def job_cancel(*, job: BatchJob) -> bool:
-    """Stop the job now: unanswered requests are cancelled (those in the scheduler too), answers
-    already stored stay. False when the job had already ended."""
+def job_cancel(*, job: BatchJob, status: str = BatchJob.Status.CANCELLED) -> bool:
+    """Stop the job now, ending it with `status`: unanswered requests are cancelled (those in
+    the scheduler too), answers already stored stay. False when the job had already ended."""
     now = timezone.now()
     with transaction.atomic():
         ended = BatchJob.objects.filter(pk=job.pk, status__in=ACTIVE).update(
-            status=BatchJob.Status.CANCELLED, finished_at=now, runner="", lease_expires_at=None
+            status=status, finished_at=now, runner="", lease_expires_at=None
         )
         if not ended:
             return False
@@ -112,6 +126,14 @@ def job_cancel(*, job: BatchJob) -> bool:
         control.request_cancel(request_id=request_id)
     job.refresh_from_db()
     return True
+
+
+def jobs_stop_for_revoked_key(*, api_key: ApiKey) -> int:
+    """End the unfinished jobs submitted with a key just revoked; returns how many."""
+    return sum(
+        job_cancel(job=job, status=BatchJob.Status.KEY_REVOKED)
+        for job in BatchJob.objects.filter(api_key=api_key, status__in=ACTIVE)
+    )
 
 
 def _lease_take(job_id: UUID, runner: str) -> bool:
@@ -200,7 +222,8 @@ class _JobFeeder:
     def __init__(self, job_id: UUID, runner: str) -> None:
         self.job_id = job_id
         self.runner = runner
-        self.client_id = f"job:{job_id}"
+        # The owner's limits apply to all their jobs together, however many they start.
+        self.client_id = BatchJob.objects.only("owner_id").get(pk=job_id).client_id
         self.redis = sync_redis()
         self.items = BatchJobItem.objects.filter(job_id=job_id)
         self.followed: dict[str, _Followed] = {}  # by result stream key

@@ -109,6 +109,8 @@ class BatchJob(models.Model):
         RUNNING = "running", "Running"
         COMPLETED = "completed", "Completed"
         CANCELLED = "cancelled", "Cancelled"
+        # Stopped because its API key was revoked: what was unanswered is cancelled.
+        KEY_REVOKED = "key_revoked", "Key revoked"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(User, related_name="batch_jobs", on_delete=models.CASCADE)
@@ -125,6 +127,12 @@ class BatchJob(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["status", "lease_expires_at"])]
+
+    @property
+    def client_id(self) -> str:
+        """Who admission's per-client limits count against: the owner, across all their jobs.
+        Not `user:<id>`, whose in-flight requests are the owner's chat answers."""
+        return f"jobs:{self.owner_id}"
 
 
 class BatchJobItem(models.Model):

@@ -18,9 +18,12 @@ from django.http import JsonResponse
 from chat.models import BatchJob, BatchJobItem
 from scheduler.admission import AdmissionRefused
 from scheduler.generation import SamplingParams, Usage
+from scheduler.prompt import ChatTemplateError, prompt_token_count
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP_SEQUENCES = 4
+# vLLM needs top_p above 0; 0 would mean "no token at all".
+MIN_TOP_P = 1e-6
 # Parameters we cannot apply, with the values that mean "not used".
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
@@ -142,14 +145,17 @@ def _content_text(content: Any, param: str) -> str:
 
 
 def _messages(raw: Any, param: str) -> list[dict[str, str]]:
-    if not isinstance(raw, list) or not raw:
-        raise invalid("`messages` must be a non-empty list.", param)
+    limit = settings.API_MAX_MESSAGES
+    if not isinstance(raw, list) or not 1 <= len(raw) <= limit:
+        raise invalid(f"`messages` must be a list of 1 to {limit} messages.", param)
     messages = []
     for n, message in enumerate(raw):
         where = f"{param}[{n}]"
         if not isinstance(message, dict):
             raise invalid("Each message must be an object with `role` and `content`.", where)
         role = message.get("role")
+        if not isinstance(role, str):
+            raise invalid(f"`role` must be one of {', '.join(ROLES)}.", f"{where}.role")
         if role in {"tool", "function"} or message.get("tool_calls"):
             raise invalid("Tools (function calling) are not supported.", f"{where}.role")
         if role not in ROLES:
@@ -157,7 +163,31 @@ def _messages(raw: Any, param: str) -> list[dict[str, str]]:
         messages.append(
             {"role": ROLES[role], "content": _content_text(message.get("content"), f"{where}.content")}
         )
+    chars = sum(len(message["content"]) for message in messages)
+    if chars > settings.API_MAX_PROMPT_CHARS:
+        raise invalid(
+            f"The messages hold {chars} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted.",
+            param,
+        )
     return messages
+
+
+def _context_check(messages: list[dict[str, str]], max_tokens: int, param: str) -> None:
+    """Refuse, before it is queued, a prompt that the model's context cannot hold with its answer."""
+    try:
+        prompt_tokens = prompt_token_count(messages, model_path=settings.INFERENCE_MODEL)
+    except ChatTemplateError as exc:
+        raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
+    context = settings.INFERENCE_MAX_MODEL_LEN
+    if prompt_tokens + max_tokens > context:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in "
+            "the completion). Please reduce the length of the messages or completion.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def _max_tokens(data: dict[str, Any], param: str) -> int:
@@ -166,6 +196,8 @@ def _max_tokens(data: dict[str, Any], param: str) -> int:
     if value is None:
         return settings.GENERATION_MAX_TOKENS
     limit = settings.INFERENCE_MAX_MODEL_LEN
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has one number type: 64.0 is the integer 64
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
         raise invalid(f"`{name}` must be an integer from 1 to {limit}.", param + name)
     return value
@@ -212,12 +244,14 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", allow_stream: bool 
         raise invalid(
             "`stream_options` is only allowed with `stream: true`.", param_prefix + "stream_options"
         )
+    messages = _messages(data.get("messages"), param_prefix + "messages")
+    max_tokens = _max_tokens(data, param_prefix)
+    _context_check(messages, max_tokens, param_prefix + "messages")
     return ChatRequest(
-        messages=_messages(data.get("messages"), param_prefix + "messages"),
-        max_tokens=_max_tokens(data, param_prefix),
+        messages=messages,
+        max_tokens=max_tokens,
         temperature=_bounded(data, "temperature", settings.GENERATION_TEMPERATURE, 0.0, 2.0, param_prefix),
-        # vLLM needs top_p above 0; 0 would mean "no token at all".
-        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, 1e-6, 1.0, param_prefix),
+        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, MIN_TOP_P, 1.0, param_prefix),
         stop=_stop(data.get("stop"), param_prefix + "stop"),
         stream=stream,
         include_usage=bool((stream_options or {}).get("include_usage")),
@@ -336,6 +370,11 @@ def _item_result(item: BatchJobItem) -> dict[str, Any]:
     elif item.status == BatchJobItem.Status.FAILED:
         answer = item.generation
         result["error"] = {"code": answer.error_code, "message": answer.error_message}
+    elif item.status == BatchJobItem.Status.CANCELLED and item.job.status == BatchJob.Status.KEY_REVOKED:
+        result["error"] = {
+            "code": "key_revoked",
+            "message": "The job's API key was revoked before this request was answered.",
+        }
     elif item.status == BatchJobItem.Status.CANCELLED:
         result["error"] = {
             "code": "cancelled",
