@@ -62,6 +62,9 @@ class RedisServer:
             "--repl-diskless-sync-delay", "0",
             "--daemonize", "no",
         ]  # fmt: skip
+        if self.host != "127.0.0.1":
+            # Off loopback without a password, Redis refuses clients unless told this network is private.
+            command += ["--protected-mode", "no"]
         if self.replica_of is not None:
             command += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
         self.process = Process("redis", self.place.command(command), env=dict(os.environ), output=self.output)
@@ -126,6 +129,7 @@ class RedisSentinel:
             f"port {self.port}\n"
             f"bind {self.place.address}\n"
             f"dir {self.data_dir}\n"
+            f"protected-mode {'yes' if self.place.address == '127.0.0.1' else 'no'}\n"
             f"sentinel monitor {self.master_name} {self.primary[0]} {self.primary[1]} {self.quorum}\n"
             f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
             # After a failed attempt, the next may start this much later (and the whole failover
