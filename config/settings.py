@@ -175,7 +175,9 @@ CHANNEL_LAYERS = {
 }
 
 CELERY_BROKER_URL = REDIS_URL
-CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {}
+# Without a socket timeout a read from a Redis that stopped answering (not closed: paused,
+# overloaded, behind a dead network path) waits for ever, and so does a warm shutdown.
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 if REDIS_SENTINELS:
     # kombu's Sentinel transport: one URL per Sentinel, the primary's name in the options.
     CELERY_BROKER_URL = ";".join(f"sentinel://{host}:{port}/{REDIS_DB}" for host, port in REDIS_SENTINELS)
@@ -184,9 +186,6 @@ if REDIS_SENTINELS:
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Without a socket timeout a read from a Redis that stopped answering (not closed: paused,
-# overloaded, behind a dead network path) waits for ever, and so does a warm shutdown.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Every Celery host may run beat: each periodic task is still sent once per period.
 CELERY_BEAT_SCHEDULER = "config.beat:OncePerPeriodScheduler"
