@@ -1,6 +1,7 @@
 """Django settings. Every environment read goes through config.env; defaults run the demo."""
 
 from pathlib import Path
+from urllib.parse import urlparse
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -142,27 +143,57 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # Connections per pool (each process has a sync pool and one async pool per event loop).
 REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 64)
+# With Sentinels (host:port, comma-separated), every Redis client (ours, the channel layer,
+# Celery) asks them for the current primary of REDIS_SENTINEL_MASTER and follows a failover;
+# REDIS_URL then only gives the database number.
+REDIS_SENTINELS = [
+    (host, int(port))
+    for host, _, port in (entry.rpartition(":") for entry in env_list("REDIS_SENTINELS", []))
+]
+REDIS_SENTINEL_MASTER = env_str("REDIS_SENTINEL_MASTER", "support-chat")
+REDIS_DB = int(urlparse(REDIS_URL).path.strip("/") or 0)
+# An accepted request has reached this many replicas (Redis WAIT) before its 202: a failover
+# then loses no accepted request. A submission the replicas do not confirm within the timeout
+# is withdrawn and refused with 503. 0: no wait (a single Redis, or losing a second's work is fine).
+REDIS_WAIT_REPLICAS = env_int("REDIS_WAIT_REPLICAS", 0)
+REDIS_WAIT_TIMEOUT_S = env_float("REDIS_WAIT_TIMEOUT_S", 1.0)
 
+if REDIS_SENTINELS:
+    _channel_host: dict | str = {
+        "sentinels": REDIS_SENTINELS,
+        "master_name": REDIS_SENTINEL_MASTER,
+        "db": REDIS_DB,
+        "sentinel_kwargs": {"socket_timeout": 2},
+    }
+else:
+    _channel_host = REDIS_URL
 CHANNEL_LAYERS = {
     "default": {
         "BACKEND": "channels_redis.core.RedisChannelLayer",
-        "CONFIG": {"hosts": [REDIS_URL], "prefix": "llm:channels:"},
+        "CONFIG": {"hosts": [_channel_host], "prefix": "llm:channels:"},
     }
 }
 
 CELERY_BROKER_URL = REDIS_URL
+# Without a socket timeout a read from a Redis that stopped answering (not closed: paused,
+# overloaded, behind a dead network path) waits for ever, and so does a warm shutdown.
+CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
+if REDIS_SENTINELS:
+    # kombu's Sentinel transport: one URL per Sentinel, the primary's name in the options.
+    CELERY_BROKER_URL = ";".join(f"sentinel://{host}:{port}/{REDIS_DB}" for host, port in REDIS_SENTINELS)
+    CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
+    CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {"socket_timeout": 2}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
-# Without a socket timeout a read from a Redis that stopped answering (not closed: paused,
-# overloaded, behind a dead network path) waits for ever, and so does a warm shutdown.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Batch job slices run for a minute each on their own queue and worker (`celery worker -Q
 # batch-jobs`): however many jobs there are, the periodic tasks on the default queue (canary
 # rollback, reclaim, retention) never wait behind them.
 BATCH_JOBS_CELERY_QUEUE = "batch-jobs"
 CELERY_TASK_ROUTES = {"chat.tasks.job_run": {"queue": BATCH_JOBS_CELERY_QUEUE}}
+# Every Celery host may run beat: each periodic task is still sent once per period.
+CELERY_BEAT_SCHEDULER = "config.beat:OncePerPeriodScheduler"
 
 # --- chat -------------------------------------------------------------------------------
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 4000)

@@ -44,6 +44,21 @@ class Prefixed:
 Output = Path | Prefixed | None
 
 
+@dataclass(frozen=True)
+class Place:
+    """Where a child runs: the address it serves on, and the command prefix that puts it there
+    (none on this machine; `ip netns exec <namespace>` on a host of launcher.netns)."""
+
+    address: str = "127.0.0.1"
+    prefix: tuple[str, ...] = ()
+
+    def command(self, command: Sequence[str]) -> list[str]:
+        return [*self.prefix, *command]
+
+
+LOCAL = Place()
+
+
 class Process:
     """A started child. `stop()` and `kill()` end its whole process group."""
 
@@ -55,10 +70,12 @@ class Process:
         env: dict[str, str],
         output: Output = None,
         stop_timeout_s: float = 10.0,
+        stop_signal: int = signal.SIGTERM,
         cwd: Path = ROOT,
     ) -> None:
         self.name = name
         self.stop_timeout_s = stop_timeout_s
+        self.stop_signal = stop_signal
         self._log: IO[bytes] | None = None
         stdout: int | IO[bytes] = subprocess.DEVNULL
         if isinstance(output, Path):
@@ -105,10 +122,11 @@ class Process:
             self.popen.send_signal(signum)
 
     def stop(self, timeout_s: float | None = None) -> int:
-        """SIGTERM, then SIGKILL to the whole group if it has not ended within the timeout."""
+        """SIGTERM (or its own stop signal), then SIGKILL to the whole group if it has not ended
+        within the timeout."""
         if not self._exited():
             with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, signal.SIGTERM)
+                os.kill(self.pid, self.stop_signal)
             self._exited_within(self.stop_timeout_s if timeout_s is None else timeout_s)
         return self._reap()
 
@@ -170,15 +188,18 @@ def free_port() -> int:
 
 def port_open(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as sock:
+        sock.settimeout(1.0)
         return sock.connect_ex((host, port)) == 0
 
 
-def wait_for_port(port: int, *, process: Process | None = None, timeout_s: float = 30.0) -> None:
+def wait_for_port(
+    port: int, *, process: Process | None = None, timeout_s: float = 30.0, host: str = "127.0.0.1"
+) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process is not None and not process.running():
             raise RuntimeError(f"{process.name} exited with {process.stop()} before listening on {port}")
-        if port_open(port):
+        if port_open(port, host):
             return
         time.sleep(POLL_S)
-    raise TimeoutError(f"nothing listening on port {port} after {timeout_s}s")
+    raise TimeoutError(f"nothing listening on {host}:{port} after {timeout_s}s")

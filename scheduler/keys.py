@@ -108,3 +108,8 @@ CONTROL_CHANNEL = "llm:control"  # pub/sub: cancel and drain reach every worker
 # web process per period compute the snapshot for all of them.
 CONSOLE_LIVE_GROUP = "console.live"
 CONSOLE_LIVE_TURN = "llm:console:live-turn"  # string, expires: who computes this period's snapshot
+
+
+def beat_sent(entry: str) -> str:
+    """String, expires: when (Redis time) a Celery beat last sent this periodic task."""
+    return f"llm:beat:{entry}"

@@ -17,8 +17,9 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from scheduler import keys
+from scheduler.control import request_cancel
 from scheduler.generation import GenerationJob, Tier
-from scheduler.redis import async_script, sync_script
+from scheduler.redis import NotReplicated, async_script, execute_replicated, sync_redis, sync_script
 
 MIN_DRAIN_RATE = 0.2  # jobs/s assumed while no live worker reports its capacity
 
@@ -253,7 +254,9 @@ def job_enqueue(
     max_wait_s: float,
 ) -> EnqueueResult:
     variant, request_id = job.variant, job.request_id
-    reply = sync_script(_ENQUEUE)(
+    # The job counts as accepted once enough replicas have it too (REDIS_WAIT_REPLICAS).
+    pipe = sync_redis().pipeline(transaction=False)
+    sync_script(_ENQUEUE)(
         keys=[
             keys.queue(variant, tier),
             keys.enqueue_seq(variant, tier),
@@ -273,8 +276,15 @@ def job_enqueue(
             job.encode(),
             max_wait_s,
         ],
+        client=pipe,
     )
+    (reply,), replicated = execute_replicated(pipe)
     admitted, position, wait, detail = reply
+    if admitted and not replicated:
+        # Only the primary has the job, and a failover now would lose it: withdraw it (a worker
+        # claiming it skips it) and refuse, rather than promise an answer.
+        request_cancel(request_id=request_id)
+        raise NotReplicated(f"the replicas did not confirm {request_id} in time")
     return EnqueueResult(
         admitted=bool(admitted),
         position=int(position),

@@ -1,7 +1,9 @@
 """Redis clients: one sync client per process, one async client per event loop.
 
 The clients retry with backoff on connection errors, so a Redis restart shows up as a short
-delay (or a typed `RedisError` when it lasts), never as a crash loop.
+delay (or a typed `RedisError` when it lasts), never as a crash loop. With Sentinels
+configured, each new connection goes to the primary they name, so after a failover the retry
+reaches the promoted replica.
 """
 
 import asyncio
@@ -9,11 +11,18 @@ from functools import cache
 
 import redis
 import redis.asyncio as aioredis
+import redis.asyncio.sentinel as aiosentinel
+import redis.sentinel
 from django.conf import settings
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
 _RETRY_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+
+
+class NotReplicated(redis.ConnectionError):
+    """A write reached the primary but not `REDIS_WAIT_REPLICAS` replicas in time. For the caller
+    it is an unavailable Redis: a failover now would lose the write."""
 
 
 def _client_options() -> dict:
@@ -25,17 +34,35 @@ def _client_options() -> dict:
     }
 
 
+class _SentinelBlockingPool(redis.sentinel.SentinelConnectionPool, redis.BlockingConnectionPool):
+    """Connections to the primary Sentinel names, waiting for a free one as the plain pool does."""
+
+
+class _AsyncSentinelBlockingPool(aiosentinel.SentinelConnectionPool, aioredis.BlockingConnectionPool):
+    """The same for asyncio."""
+
+
+# Sentinels answer at once or are down: a short timeout moves on to the next one.
+_SENTINEL_OPTIONS = {"socket_timeout": 1, "socket_connect_timeout": 1}
+
+
 @cache
 def sync_redis() -> redis.Redis:
     # Under ASGI each request's sync code runs in a thread of its own, so a burst of requests
     # asks for many connections at once: they wait for one (bounded) instead of failing.
-    pool = redis.BlockingConnectionPool.from_url(
-        settings.REDIS_URL,
-        max_connections=settings.REDIS_MAX_CONNECTIONS,
-        timeout=10,
-        socket_timeout=5,
+    options = {
+        "max_connections": settings.REDIS_MAX_CONNECTIONS,
+        "timeout": 10,
+        "socket_timeout": 5,
         **_client_options(),
-    )
+    }
+    if settings.REDIS_SENTINELS:
+        sentinel = redis.sentinel.Sentinel(settings.REDIS_SENTINELS, sentinel_kwargs=_SENTINEL_OPTIONS)
+        pool: redis.ConnectionPool = _SentinelBlockingPool(
+            settings.REDIS_SENTINEL_MASTER, sentinel, db=settings.REDIS_DB, **options
+        )
+    else:
+        pool = redis.BlockingConnectionPool.from_url(settings.REDIS_URL, **options)
     return redis.Redis(connection_pool=pool, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2))
 
 
@@ -57,18 +84,34 @@ def new_async_redis(*, single_connection: bool = False, socket_timeout: float = 
     (give it a `socket_timeout` longer than its reads block)."""
     from redis.asyncio.retry import Retry as AsyncRetry
 
-    pool = aioredis.BlockingConnectionPool.from_url(
-        settings.REDIS_URL,
-        max_connections=settings.REDIS_MAX_CONNECTIONS,
-        timeout=10,
-        socket_timeout=socket_timeout,
+    options = {
+        "max_connections": settings.REDIS_MAX_CONNECTIONS,
+        "timeout": 10,
+        "socket_timeout": socket_timeout,
         **_client_options(),
-    )
+    }
+    if settings.REDIS_SENTINELS:
+        sentinel = aiosentinel.Sentinel(settings.REDIS_SENTINELS, sentinel_kwargs=_SENTINEL_OPTIONS)
+        pool: aioredis.ConnectionPool = _AsyncSentinelBlockingPool(
+            settings.REDIS_SENTINEL_MASTER, sentinel, db=settings.REDIS_DB, **options
+        )
+    else:
+        pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, **options)
     return aioredis.Redis(
         connection_pool=pool,
         retry=AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
         single_connection_client=single_connection,
     )
+
+
+def execute_replicated(pipe: redis.client.Pipeline) -> tuple[list, bool]:
+    """Run the pipeline, then (with REDIS_WAIT_REPLICAS) wait until that many replicas have its
+    writes, on the same connection as WAIT requires. Returns its replies and whether they did."""
+    if settings.REDIS_WAIT_REPLICAS:
+        pipe.wait(settings.REDIS_WAIT_REPLICAS, round(settings.REDIS_WAIT_TIMEOUT_S * 1000))
+        *replies, acknowledged = pipe.execute()
+        return replies, acknowledged >= settings.REDIS_WAIT_REPLICAS
+    return pipe.execute(), True
 
 
 def sync_script(source: str) -> redis.commands.core.Script:

@@ -2,7 +2,8 @@
 
 Starts a private redis-server with AOF under var/ (unless REDIS_URL is set), migrates, seeds
 the demo accounts when DEMO_ACCOUNTS is set, then runs web (daphne), the inference worker and
-Celery (worker + beat), prefixing each one's output with its name.
+Celery (worker + beat), prefixing each one's output with its name. WEB_PROCESSES=N starts N web
+processes behind nginx (deploy/nginx.conf) on PORT; WORKERS=N starts N inference workers.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the launcher package lives beside scripts/
 
-from launcher.process import Prefixed, Process, port_open, stop_in_order  # noqa: E402
+from launcher.nginx import Nginx  # noqa: E402
+from launcher.process import Place, Prefixed, Process, port_open, stop_in_order  # noqa: E402
 from launcher.redis import RedisServer  # noqa: E402
 from launcher.stack import WORKER_STOP_TIMEOUT_S, celery_command, web_command, worker_command  # noqa: E402
 
@@ -27,26 +29,56 @@ PYTHON = sys.executable
 HOST = os.environ.get("HOST", "127.0.0.1")
 PORT = int(os.environ.get("PORT", "8000"))
 REDIS_PORT = int(os.environ.get("PRIVATE_REDIS_PORT", "6390"))
-COLORS = {"redis": 31, "web": 32, "inference": 35, "celery": 36, "celery-jobs": 34}
-# The worker's drain and engine shutdown fit in this (checked when it starts).
+WEB_PROCESSES = int(os.environ.get("WEB_PROCESSES", "1"))
+WORKERS = int(os.environ.get("WORKERS", "1"))
+# The first worker's metrics port; the next workers take the ports after it.
+WORKER_METRICS_PORT = int(os.environ.get("WORKER_METRICS_PORT", "9464"))
+COLORS = {"redis": 31, "web": 32, "nginx": 33, "inference": 35, "celery": 36, "celery-jobs": 34}
 
 
 def say(text: str) -> None:
     print(f"\033[1m==> {text}\033[0m", flush=True)
 
 
-def start(name: str, command: list[str], env: dict[str, str], **options: float) -> Process:
-    return Process(name, command, env=env, output=Prefixed(name, COLORS[name]), **options)
+def start(name: str, command: list[str], env: dict[str, str], label: str = "", **options: float) -> Process:
+    return Process(name, command, env=env, output=Prefixed(label or name, COLORS[name]), **options)
+
+
+def install_if_missing(binary: str, package: str) -> None:
+    if shutil.which(binary) is None and os.geteuid() == 0 and shutil.which("apt-get"):
+        say(f"{binary} is missing; installing it with apt-get")
+        subprocess.run(["apt-get", "update", "-qq"], check=False)
+        subprocess.run(["apt-get", "install", "-y", "-qq", package], check=False)
+
+
+def web_processes(env: dict[str, str]) -> list[Process]:
+    """One web process on PORT, or several on the ports after it behind nginx on PORT."""
+    if WEB_PROCESSES == 1:
+        return [start("web", web_command(HOST, PORT), env)]
+    install_if_missing("nginx", "nginx")
+    if shutil.which("nginx") is None:
+        sys.exit(
+            "nginx is not installed (Debian/Ubuntu: sudo apt-get install nginx); or run one web process."
+        )
+    ports = [PORT + n for n in range(1, WEB_PROCESSES + 1)]
+    webs = [start("web", web_command("127.0.0.1", port), env, label=f"web-{port}") for port in ports]
+    nginx = Nginx(
+        VAR / "nginx",
+        port=PORT,
+        place=Place(address=HOST),
+        upstreams=[f"127.0.0.1:{port}" for port in ports],
+        output=Prefixed("nginx", COLORS["nginx"]),
+    )
+    nginx.start()
+    assert nginx.process is not None
+    return [*webs, nginx.process]
 
 
 def private_redis(env: dict[str, str]) -> Process | None:
     if os.environ.get("REDIS_URL"):
         say(f"Using Redis at {os.environ['REDIS_URL']}")
         return None
-    if shutil.which("redis-server") is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        say("redis-server is missing; installing it with apt-get")
-        subprocess.run(["apt-get", "update", "-qq"], check=False)
-        subprocess.run(["apt-get", "install", "-y", "-qq", "redis-server"], check=False)
+    install_if_missing("redis-server", "redis-server")
     if shutil.which("redis-server") is None:
         sys.exit(
             "redis-server is not installed. Install it (Debian/Ubuntu: sudo apt-get install "
@@ -72,8 +104,9 @@ def main() -> None:
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
     env.setdefault("PYTHONUNBUFFERED", "1")
-    # The one worker serves its metrics here (the web's are at /metrics on PORT).
-    env.setdefault("WORKER_METRICS_PORT", "9464")
+    if WEB_PROCESSES > 1:
+        # nginx is the web processes' client: they believe the address it forwards.
+        env.setdefault("TRUSTED_PROXIES", "127.0.0.1")
     children: list[Process] = []
     try:
         redis_process = private_redis(env)
@@ -93,8 +126,20 @@ def main() -> None:
                 env,
             )
         )
-        children.append(start("inference", worker_command(), env, stop_timeout_s=WORKER_STOP_TIMEOUT_S))
-        children.append(start("web", web_command(HOST, PORT), env))
+        for n in range(WORKERS):
+            # Each worker serves its metrics on a port of its own (the web's are at /metrics).
+            worker_env = {**env, "WORKER_METRICS_PORT": str(WORKER_METRICS_PORT + n)}
+            label = "inference" if WORKERS == 1 else f"inference-{n + 1}"
+            children.append(
+                start(
+                    "inference",
+                    worker_command(),
+                    worker_env,
+                    label=label,
+                    stop_timeout_s=WORKER_STOP_TIMEOUT_S,
+                )
+            )
+        children.extend(web_processes(env))
         engine = env.get("INFERENCE_ENGINE", "vllm")
         say(f"Open http://{HOST}:{PORT}/  (engine: {engine}; the console is at /console/; Ctrl-C stops all)")
         while all(process.running() for process in children):

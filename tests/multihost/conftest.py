@@ -1,0 +1,57 @@
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from launcher.postgres import postgres_bindir
+from tests.multihost.topology import MultiHost
+
+# Long answers, so that a host dies mid-answer; limits that never refuse this test's traffic.
+MULTIHOST_SETTINGS = {
+    "INFERENCE_ENGINE": "simulated",
+    "INFERENCE_MAX_NUM_SEQS": "6",
+    "VIP_RESERVED_SLOTS": "0",
+    "SIMULATED_OUTPUT_TOKENS": "120",
+    "SIMULATED_DECODE_BASE_S": "0.04",
+    "RATE_LIMIT_NORMAL_CAPACITY": "1000",
+    "MAX_CONCURRENT_NORMAL": "1000",
+    "GUEST_ADDRESS_BUCKET_FACTOR": "100",
+    "WAIT_SLO_NORMAL_S": "600",
+    "MAX_WAIT_NORMAL_S": "600",
+    "SERVICE_TIME_PRIOR_S": "5",
+    "JOB_LEASE_S": "3",
+    "WORKER_HEARTBEAT_S": "0.5",
+    "WORKER_HEARTBEAT_TTL_S": "3",
+    "CANARY_EVALUATION_S": "2",
+    "STREAM_DISCONNECT_GRACE_S": "60",
+}
+
+
+def _missing() -> str | None:
+    if os.geteuid() != 0:
+        return "hosts are network namespaces: needs root"
+    for tool in ("ip", "nginx", "redis-server", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    try:
+        postgres_bindir()
+    except RuntimeError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.fixture(scope="session")
+def hosts():
+    missing = _missing()
+    if missing:
+        pytest.skip(missing)
+    workdir = Path(tempfile.mkdtemp(prefix="multihost-"))
+    workdir.chmod(0o755)  # PostgreSQL runs as its own account under it
+    topology = MultiHost(workdir, **MULTIHOST_SETTINGS)
+    topology.start()
+    try:
+        yield topology
+    finally:
+        topology.stop()

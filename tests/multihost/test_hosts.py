@@ -1,0 +1,265 @@
+"""The product on several hosts (tests/multihost/topology.py): a host dies, the rest carry on.
+
+The scenarios share one topology and run in order; each restores what it broke, except the
+Redis failover, which comes last.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import re
+import statistics
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import httpx
+import psycopg
+import pytest
+import redis
+
+from tests.e2e.client import ChatClient
+from tests.multihost.topology import MASTER_NAME, MultiHost
+
+pytestmark = pytest.mark.multihost
+
+DEADLINE_S = 90.0
+
+
+@dataclass
+class Followed:
+    """What an EventSource through nginx saw of one answer, across reconnects."""
+
+    request_id: str
+    seqs: list[int] = field(default_factory=list)
+    text: list[str] = field(default_factory=list)
+    last_id: str | None = None
+    terminal: str | None = None
+    dropped_at: float | None = None
+    resumed_at: float | None = None  # first token after the first drop
+
+
+async def _follow(client: ChatClient, followed: Followed) -> None:
+    """Read the stream to its end, reconnecting with Last-Event-ID whenever the connection ends
+    early, as a browser's EventSource does."""
+    while followed.terminal is None:
+        headers = {"Accept": "text/event-stream"}
+        if followed.last_id is not None:
+            headers["Last-Event-ID"] = followed.last_id
+        try:
+            async with (
+                httpx.AsyncClient(
+                    base_url=client.http.base_url, cookies=client.http.cookies, timeout=30
+                ) as http,
+                http.stream("GET", f"/chat/stream/{followed.request_id}", headers=headers) as response,
+            ):
+                if response.status_code != 200:
+                    raise httpx.TransportError(f"stream answered {response.status_code}")
+                fields: dict[str, str] = {}
+                async for line in response.aiter_lines():
+                    if line == "":
+                        _take(followed, fields)
+                        fields = {}
+                        if followed.terminal is not None:
+                            return
+                    elif not line.startswith(":"):
+                        name, _, value = line.partition(":")
+                        fields[name] = value.removeprefix(" ")
+        except httpx.TransportError:
+            pass
+        if followed.dropped_at is None:
+            followed.dropped_at = time.monotonic()
+        await asyncio.sleep(0.05)  # an EventSource's retry delay, shortened
+
+
+def _take(followed: Followed, fields: dict[str, str]) -> None:
+    if "event" not in fields:
+        return
+    followed.last_id = fields.get("id", followed.last_id)
+    data = json.loads(fields["data"])
+    if fields["event"] == "token":
+        followed.seqs.append(data["seq"])
+        followed.text.append(data["text"])
+        if followed.dropped_at is not None and followed.resumed_at is None:
+            followed.resumed_at = time.monotonic()
+    elif fields["event"] == "reset":
+        followed.seqs, followed.text = [], []
+    elif fields["event"] in {"done", "error"}:
+        followed.terminal = fields["event"]
+
+
+async def _ask(hosts: MultiHost, count: int) -> list[tuple[ChatClient, str]]:
+    """`count` guests each ask one question through nginx; returns (client, request_id)."""
+    asked = []
+    for n in range(count):
+        client = ChatClient(hosts.base_url, timeout_s=30)
+        conversation = await client.open_page()
+        asked.append((client, await client.ask(conversation, f"Where is my order number {n}?")))
+    return asked
+
+
+def _stored(hosts: MultiHost, request_ids: list[str]) -> dict[str, list[tuple[str, str]]]:
+    """(status, content) of each request's stored answers, read from PostgreSQL."""
+    with psycopg.connect(hosts.database_url) as db:
+        rows = db.execute(
+            "SELECT request_id::text, status, content FROM chat_message WHERE request_id = ANY(%s::uuid[])",
+            (request_ids,),
+        ).fetchall()
+    stored: dict[str, list[tuple[str, str]]] = {rid: [] for rid in request_ids}
+    for request_id, status, content in rows:
+        stored[request_id].append((status, content))
+    return stored
+
+
+async def _until(condition, what: str, timeout_s: float = DEADLINE_S) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} within {timeout_s}s"
+        await asyncio.sleep(0.05)
+
+
+def test_two_beats_send_each_periodic_task_once_a_period(hosts):
+    """Both Celery hosts run beat; canary-evaluate (every 2 s) is sent by one of them each time."""
+    period_s, tolerance_s = 2.0, 0.2  # CANARY_EVALUATION_S; config.beat allows a tenth of it
+
+    def sends() -> list[datetime]:
+        times = []
+        for host in ("celery1", "celery2"):
+            for line in hosts.log(host).read_text().splitlines():
+                if "Sending due task canary-evaluate" in line:
+                    stamp = re.match(r"\[(\S+ \S+): ", line).group(1)
+                    times.append(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f"))
+        return sorted(times)
+
+    def skipped() -> bool:
+        return any(
+            "canary-evaluate already sent this period" in hosts.log(h).read_text()
+            for h in ("celery1", "celery2")
+        )
+
+    deadline = time.monotonic() + DEADLINE_S
+    while len(sends()) < 6 or not skipped():
+        assert time.monotonic() < deadline, "six sends, and a beat finding one already sent"
+        time.sleep(0.2)
+    times = sends()
+    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(times)]
+    assert min(gaps) >= period_s - tolerance_s, f"sent twice in a period: gaps {gaps}"
+
+
+def test_a_web_host_dies_mid_answer_and_its_streams_resume_exactly_on_the_other(hosts):
+    async def scenario() -> float:
+        asked = await _ask(hosts, 10)
+        followed = [Followed(request_id) for _, request_id in asked]
+        readers = [
+            asyncio.create_task(_follow(client, f)) for (client, _), f in zip(asked, followed, strict=True)
+        ]
+        await _until(lambda: all(len(f.seqs) >= 5 for f in followed), "every answer streaming")
+        killed_at = time.monotonic()
+        hosts.kill("web1")
+        await asyncio.wait_for(asyncio.gather(*readers), DEADLINE_S)
+        for client, _ in asked:
+            await client.http.aclose()
+
+        dropped = [f for f in followed if f.dropped_at is not None]
+        assert dropped, "no stream went through the web host that died"
+        stored = _stored(hosts, [f.request_id for f in followed])
+        for f in followed:
+            assert f.terminal == "done"
+            assert f.seqs == list(range(len(f.seqs))), f"{f.request_id}: lost or repeated tokens"
+            assert stored[f.request_id] == [("done", "".join(f.text))]
+        flowing_again_s = max(f.resumed_at - killed_at for f in dropped if f.resumed_at is not None)
+        print(
+            f"\nweb host killed: {len(dropped)} of {len(followed)} streams moved to the other web host; "
+            f"all flowing again {flowing_again_s:.2f} s after the kill"
+        )
+        return flowing_again_s
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        hosts.start_web("web1")
+        hosts.wait_ready()
+
+
+def test_a_worker_host_dies_mid_answer_and_the_other_finishes_its_jobs_once(hosts):
+    async def scenario() -> None:
+        # Six slots per worker: twelve answers keep both busy.
+        asked = await _ask(hosts, 12)
+        followed = [Followed(request_id) for _, request_id in asked]
+        readers = [
+            asyncio.create_task(_follow(client, f)) for (client, _), f in zip(asked, followed, strict=True)
+        ]
+        await _until(lambda: all(len(f.seqs) >= 3 for f in followed), "every answer streaming")
+        hosts.kill("worker1")
+        await asyncio.wait_for(asyncio.gather(*readers), DEADLINE_S)
+        for client, _ in asked:
+            await client.http.aclose()
+        stored = _stored(hosts, [f.request_id for f in followed])
+        for f in followed:
+            assert f.terminal == "done"
+            assert stored[f.request_id] == [("done", "".join(f.text))], "stored once, as streamed"
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        hosts.start_worker("worker1")
+
+
+def test_the_redis_primary_dies_after_a_burst_and_every_accepted_request_completes(hosts):
+    primary = redis.Redis(host=hosts.address("redis1"), port=6379)
+    print(f"\nWAIT for the replica costs {_wait_cost_ms(primary):.3f} ms per submission (p50)")
+
+    async def burst() -> list[str]:
+        asked = await _ask(hosts, 20)
+        for client, _ in asked:
+            await client.http.aclose()
+        return [request_id for _, request_id in asked]
+
+    request_ids = asyncio.run(burst())  # every one a 202
+    killed_at = time.monotonic()
+    hosts.redis["redis1"].kill()
+
+    sentinel = redis.Redis(host=hosts.address("sentinel1"), port=26379, decode_responses=True)
+    deadline = time.monotonic() + DEADLINE_S
+    while sentinel.sentinel_get_master_addr_by_name(MASTER_NAME)[0] != hosts.address("redis2"):
+        assert time.monotonic() < deadline, "Sentinel did not promote the replica"
+        time.sleep(0.05)
+    promoted_s = time.monotonic() - killed_at
+
+    def answered() -> bool:
+        return all(
+            status != "pending" for answers in _stored(hosts, request_ids).values() for status, _ in answers
+        )
+
+    while not answered():
+        assert time.monotonic() < deadline, "accepted requests still unanswered"
+        time.sleep(0.2)
+    answered_s = time.monotonic() - killed_at
+    for request_id, answers in _stored(hosts, request_ids).items():
+        assert len(answers) == 1 and answers[0][0] == "done" and answers[0][1], f"{request_id}: {answers}"
+    print(
+        f"primary killed: replica promoted after {promoted_s:.2f} s; "
+        f"all {len(request_ids)} accepted requests answered {answered_s:.2f} s after the kill"
+    )
+
+
+def _wait_cost_ms(primary: redis.Redis, rounds: int = 300) -> float:
+    """What WAIT 1 adds to a write's round trip, as the enqueue pipelines them."""
+
+    def round_trip_ms(wait: bool) -> float:
+        samples = []
+        for _ in range(rounds):
+            pipe = primary.pipeline(transaction=False)
+            pipe.xadd("llm:bench:wait", {"f": "v"}, maxlen=100)
+            if wait:
+                pipe.wait(1, 1000)
+            started = time.perf_counter()
+            pipe.execute()
+            samples.append((time.perf_counter() - started) * 1000)
+        return statistics.median(samples)
+
+    cost = round_trip_ms(True) - round_trip_ms(False)
+    primary.delete("llm:bench:wait")
+    return cost
