@@ -104,7 +104,9 @@ def _stored(hosts: MultiHost, request_ids: list[str]) -> dict[str, list[tuple[st
     """(status, content) of each request's stored answers, read from PostgreSQL."""
     with psycopg.connect(hosts.database_url) as db:
         rows = db.execute(
-            "SELECT request_id::text, status, content FROM chat_message WHERE request_id = ANY(%s::uuid[])",
+            "SELECT m.request_id::text, g.status, g.text FROM chat_message m"
+            " JOIN scheduler_generation g ON g.request_id = m.request_id"
+            " WHERE m.request_id = ANY(%s::uuid[])",
             (request_ids,),
         ).fetchall()
     stored: dict[str, list[tuple[str, str]]] = {rid: [] for rid in request_ids}
