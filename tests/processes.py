@@ -1,15 +1,18 @@
-"""Real processes for tests: a private redis-server, and the product's own commands."""
+"""Real processes for tests: a private redis-server and PostgreSQL, and the product's own commands."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import signal
+import secrets
 import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import psycopg
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,6 +89,113 @@ class RedisServer:
         self.stop()
         time.sleep(down_for_s)
         self.start()
+
+
+def postgres_bindir() -> Path | None:
+    """Where initdb and postgres are: on PATH, or where Debian's packages keep them (off PATH)."""
+    initdb = shutil.which("initdb")
+    if initdb is not None:
+        return Path(initdb).resolve().parent
+    installed = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    return installed[-1].parent if installed else None
+
+
+class PostgresServer:
+    """A PostgreSQL cluster of its own (initdb in a temporary folder) on a free port.
+
+    Like the private redis-server: the machine's own database service is never touched, several
+    runs can share a machine, and a machine with the binaries but no running service works.
+    """
+
+    SUPERUSER = "postgres"
+
+    def __init__(self, workdir: Path) -> None:
+        bindir = postgres_bindir()
+        if bindir is None:
+            raise RuntimeError("PostgreSQL is not installed (apt-get install postgresql)")
+        self.bindir = bindir
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.port = free_port()
+        # initdb and postgres refuse to run as root; Debian's package creates this account.
+        self.os_user = "postgres" if os.geteuid() == 0 else None
+        self.process: subprocess.Popen | None = None
+
+    def url(self, database: str) -> str:
+        return f"postgres://{self.SUPERUSER}@127.0.0.1:{self.port}/{database}"
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        if self.os_user is not None:
+            shutil.chown(self.workdir, user=self.os_user)
+        if not (self.data_dir / "PG_VERSION").exists():
+            subprocess.run(
+                [
+                    str(self.bindir / "initdb"),
+                    "--pgdata", str(self.data_dir),
+                    "--username", self.SUPERUSER,
+                    "--auth", "trust",
+                    "--encoding", "UTF8",
+                    "--no-locale",
+                    "--no-sync",
+                ],
+                user=self.os_user,
+                cwd=self.workdir,
+                check=True,
+                stdout=subprocess.DEVNULL,
+            )  # fmt: skip
+        with open(self.workdir / "postgres.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [
+                    str(self.bindir / "postgres"),
+                    "-D", str(self.data_dir),
+                    "-p", str(self.port),
+                    "-c", "listen_addresses=127.0.0.1",
+                    "-c", f"unix_socket_directories={self.workdir}",
+                    "-c", "max_connections=200",
+                    # A throwaway cluster: no test needs it to survive a power cut.
+                    "-c", "fsync=off",
+                    "-c", "synchronous_commit=off",
+                    "-c", "full_page_writes=off",
+                ],
+                user=self.os_user,
+                cwd=self.workdir,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+        self._wait_accepting(timeout_s)
+
+    def _wait_accepting(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process is not None and self.process.poll() is not None:
+                raise RuntimeError(f"postgres exited with {self.process.returncode}; see {self.workdir}")
+            try:
+                psycopg.connect(self.url("postgres"), connect_timeout=2).close()
+                return
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def create_database(self, prefix: str) -> str:
+        """A new, empty database; returns its name."""
+        name = f"{prefix}_{secrets.token_hex(4)}"
+        with psycopg.connect(self.url("postgres"), autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{name}"')
+        return name
+
+    def drop_database(self, name: str) -> None:
+        with psycopg.connect(self.url("postgres"), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+    def stop(self) -> None:
+        # SIGINT is PostgreSQL's fast shutdown: it ends open sessions instead of waiting for them.
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            self.process.wait(timeout=30)
+        self.process = None
+        shutil.rmtree(self.workdir, ignore_errors=True)
 
 
 def manage(*args: str, env: dict[str, str], **popen_kwargs) -> subprocess.Popen:
