@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import os
+import secrets
 import shutil
 import signal
-import secrets
 import socket
 import subprocess
 import sys
@@ -96,7 +96,9 @@ def postgres_bindir() -> Path | None:
     initdb = shutil.which("initdb")
     if initdb is not None:
         return Path(initdb).resolve().parent
-    installed = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parent.parent.name))
+    installed = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda path: int(path.parent.parent.name)
+    )
     return installed[-1].parent if installed else None
 
 
@@ -152,7 +154,6 @@ class PostgresServer:
                     "-p", str(self.port),
                     "-c", "listen_addresses=127.0.0.1",
                     "-c", f"unix_socket_directories={self.workdir}",
-                    "-c", "max_connections=200",
                     # A throwaway cluster: no test needs it to survive a power cut.
                     "-c", "fsync=off",
                     "-c", "synchronous_commit=off",

@@ -4,15 +4,22 @@ for the tests that need them, Celery workers."""
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import httpx
+import psycopg
+from psycopg.rows import dict_row
 
+from tests.database_plugin import postgres_server
 from tests.processes import ROOT, RedisServer, child_env, daphne, free_port, manage, stop
 
 
@@ -20,7 +27,10 @@ class Stack:
     def __init__(self, workdir: Path, **settings_env: str) -> None:
         self.workdir = workdir
         self.redis = RedisServer(workdir / "redis")
+        # A database of its own: a file on SQLite runs, one on the suite's PostgreSQL otherwise.
+        self.postgres = postgres_server()
         self.db_path = workdir / "db.sqlite3"
+        self.postgres_database = ""
         self.port = free_port()
         self.settings_env = settings_env
         self.web: subprocess.Popen | None = None
@@ -32,15 +42,19 @@ class Stack:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def database_url(self) -> str:
+        if self.postgres is not None:
+            return self.postgres.url(self.postgres_database)
+        return f"sqlite:///{self.db_path}"
+
+    @property
     def env(self) -> dict[str, str]:
-        return child_env(
-            REDIS_URL=self.redis.url,
-            DATABASE_URL=f"sqlite:///{self.db_path}",
-            **self.settings_env,
-        )
+        return child_env(REDIS_URL=self.redis.url, DATABASE_URL=self.database_url, **self.settings_env)
 
     def start(self, *, worker: bool = True) -> None:
         self.redis.start()
+        if self.postgres is not None:
+            self.postgres_database = self.postgres.create_database("e2e")
         for command in (["migrate", "--no-input", "-v0"], ["seed_demo"]):
             returncode = manage(*command, env=self.env, stdout=subprocess.DEVNULL).wait()
             assert returncode == 0, f"manage.py {command[0]} failed"
@@ -118,13 +132,41 @@ class Stack:
         if self.web is not None:
             stop(self.web)
         self.redis.stop()
+        if self.postgres is not None and self.postgres_database:
+            self.postgres.drop_database(self.postgres_database)
+
+    def db_rows(self, sql: str, params: tuple = ()) -> list[dict]:
+        """Rows of a query on the stack's database, as dicts; `%s` marks a parameter.
+
+        Values come back as each database stores them: SQLite gives datetimes and JSON as text
+        and UUIDs as 32 hex digits; db_uuid(), db_time() and db_json() bridge that.
+        """
+        if self.postgres is not None:
+            with psycopg.connect(self.database_url, row_factory=dict_row) as db:
+                return db.execute(sql, params).fetchall()
+        with contextlib.closing(sqlite3.connect(self.db_path)) as db:
+            db.row_factory = sqlite3.Row
+            return [dict(row) for row in db.execute(sql.replace("%s", "?"), params)]
+
+    def db_uuid(self, value: str) -> object:
+        """A UUID as a query parameter, in the form the stack's database stores it."""
+        return uuid.UUID(value) if self.postgres is not None else uuid.UUID(value).hex
+
+    @staticmethod
+    def db_time(value: datetime | str) -> datetime:
+        """A stored datetime as an aware one (SQLite returns Django's UTC text)."""
+        if isinstance(value, datetime):
+            return value
+        return datetime.fromisoformat(value).replace(tzinfo=UTC)
+
+    @staticmethod
+    def db_json(value: object) -> object:
+        """A stored JSON value, parsed (SQLite returns the text)."""
+        return json.loads(value) if isinstance(value, str) else value
 
     def count_assistant_messages(self, request_id: str) -> list[tuple[str, str]]:
         """(status, content) of every stored message for the request, read from the database."""
-        import sqlite3
-
-        with sqlite3.connect(self.db_path) as db:
-            return db.execute(
-                "SELECT status, content FROM chat_message WHERE request_id = ?",
-                (request_id.replace("-", ""),),
-            ).fetchall()
+        rows = self.db_rows(
+            "SELECT status, content FROM chat_message WHERE request_id = %s", (self.db_uuid(request_id),)
+        )
+        return [(row["status"], row["content"]) for row in rows]
