@@ -13,7 +13,7 @@ from functools import wraps
 from typing import Any
 from uuid import UUID
 
-from channels.db import database_sync_to_async
+from asgiref.sync import sync_to_async
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import reverse
@@ -136,8 +136,7 @@ def _completion_admit(request: HttpRequest) -> tuple[ChatRequest, completions.Su
 
 @api_view("POST")
 async def chat_completions(request: HttpRequest) -> HttpResponse:
-    # The hop hands its database connection back, so a streaming answer holds none.
-    chat_request, submitted = await database_sync_to_async(_completion_admit)(request)
+    chat_request, submitted = await sync_to_async(_completion_admit)(request)
     if chat_request.stream:
         return StreamingHttpResponse(
             completions.completion_stream(submitted, include_usage=chat_request.include_usage),
