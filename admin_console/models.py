@@ -41,11 +41,15 @@ class AuditLog(models.Model):
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_name}: {self.action} {self.target}"
 
     def changes(self) -> list[tuple[str, object, object]]:
-        """(field, before, after) for every field whose value differs."""
+        """(field, before, after) for every field whose value differs, by field name.
+
+        By name, because the stored key order is the database's: SQLite keeps the writer's,
+        PostgreSQL's jsonb its own (shorter keys first).
+        """
         before, after = self.before or {}, self.after or {}
         return [
             (name, before.get(name), after.get(name))
-            for name in dict.fromkeys([*before, *after])
+            for name in sorted({*before, *after})
             if before.get(name) != after.get(name)
         ]
 

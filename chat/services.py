@@ -136,6 +136,10 @@ def message_post(
     if is_new:
         _conversation_insert(conversation)
     with transaction.atomic():
+        # One answer at a time: concurrent posts to a conversation take its row lock in turn, so
+        # each one's check sees the pending answer of the post before it. (SQLite has no row
+        # locks and ignores this; its immediate transactions take the database's write lock.)
+        Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).exists()
         if _unfinished_answers(conversation).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
         job = GenerationJob(

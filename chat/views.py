@@ -8,7 +8,7 @@ import math
 from typing import Any
 from uuid import UUID
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.forms import AuthenticationForm
@@ -250,8 +250,9 @@ async def stream(request: HttpRequest, request_id: UUID) -> HttpResponse:
 
     try:
         # One hop to a shared thread for the session, user and ownership reads together: a
-        # thread-sensitive hop would start and join a thread for every stream.
-        message = await sync_to_async(owned_message, thread_sensitive=False)()
+        # thread-sensitive hop would start and join a thread for every stream. The hop hands its
+        # database connection back, so an open stream holds none.
+        message = await database_sync_to_async(owned_message, thread_sensitive=False)()
     except Message.DoesNotExist as exc:
         raise Http404("No such request.") from exc
     events = relay_events(

@@ -99,17 +99,23 @@ TEMPLATES = [
     },
 ]
 
-DATABASES = {
-    "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"), conn_max_age=60
-    )
-}
+# No persistent connections (CONN_MAX_AGE 0): under ASGI every request runs in a thread of its
+# own, and a connection kept past the request stays open until its thread is collected, one per
+# request. PostgreSQL gets a pool per process instead: connections are reused across threads, and
+# a burst waits for one rather than exceeding the server's max_connections.
+DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the web, worker and Celery processes read while one of them writes.
     DATABASES["default"]["OPTIONS"] = {
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
         "transaction_mode": "IMMEDIATE",
         "timeout": 20,
+    }
+elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": 1,
+        "max_size": env_int("DATABASE_POOL_SIZE", 20),
+        "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 30.0),
     }
 
 AUTH_USER_MODEL = "chat.User"

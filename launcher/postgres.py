@@ -119,6 +119,10 @@ class PostgresServer:
             admin.execute(f'CREATE DATABASE "{name}"')
         return name
 
+    def drop_database(self, name: str) -> None:
+        with psycopg.connect(self.url("postgres"), autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
     def stop(self) -> None:
         if self.process is not None:
             self.process.stop()

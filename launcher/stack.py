@@ -71,10 +71,12 @@ class Stack:
         return f"http://127.0.0.1:{self.port}"
 
     @property
+    def database_url(self) -> str:
+        return f"sqlite:///{self.db_path}"
+
+    @property
     def env(self) -> dict[str, str]:
-        return inherited_env(
-            REDIS_URL=self.redis.url, DATABASE_URL=f"sqlite:///{self.db_path}", **self.settings_env
-        )
+        return inherited_env(REDIS_URL=self.redis.url, DATABASE_URL=self.database_url, **self.settings_env)
 
     def _log(self, role: str) -> Path:
         self._logs += 1

@@ -1,6 +1,5 @@
 """The chat page in a real browser: an answer streams in, Stop stops it, thumbs are kept."""
 
-import sqlite3
 import time
 
 import pytest
@@ -51,11 +50,10 @@ def test_an_answer_streams_in_and_stop_stops_it(page, stack):
     time.sleep(1.0)  # tokens arrive every 0.1 s: a second of silence means none follow
     assert content.inner_text() == stopped_at
     assert len(stopped_at.split()) < 60
-    with sqlite3.connect(stack.db_path) as db:
-        assert db.execute(
-            "SELECT g.status FROM chat_message m JOIN scheduler_generation g ON g.request_id = m.request_id "
-            "WHERE m.role = 'assistant' ORDER BY m.id DESC LIMIT 1"
-        ).fetchone() == ("cancelled",)
+    assert stack.db_rows(
+        "SELECT g.status FROM chat_message m JOIN scheduler_generation g ON g.request_id = m.request_id"
+        " WHERE m.role = 'assistant' ORDER BY m.id DESC LIMIT 1"
+    ) == [{"status": "cancelled"}]
     expect(page.get_by_role("button", name="Send")).to_be_enabled()
     assert errors == []
 
@@ -68,10 +66,9 @@ def test_a_signed_in_customer_gives_a_finished_answer_a_thumbs_down(page, stack)
     down.click()
     expect(down).to_have_attribute("aria-pressed", "true")
     expect(answer.get_by_role("status")).to_have_text("Thanks for your feedback.")
-    with sqlite3.connect(stack.db_path) as db:
-        assert db.execute(
-            "SELECT feedback FROM chat_message WHERE role = 'assistant' ORDER BY id DESC LIMIT 1"
-        ).fetchone() == (-1,)
+    assert stack.db_rows(
+        "SELECT feedback FROM chat_message WHERE role = 'assistant' ORDER BY id DESC LIMIT 1"
+    ) == [{"feedback": -1}]
 
 
 # Eight words, all echoed by the simulated engine: Markdown, a link the renderer must refuse,

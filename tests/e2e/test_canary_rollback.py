@@ -6,9 +6,7 @@ simulated engine fails 30% of its requests), and Celery with beat evaluating eve
 """
 
 import asyncio
-import json
 import math
-import sqlite3
 import time
 from datetime import datetime, timedelta
 
@@ -20,6 +18,7 @@ from scheduler import keys
 from scheduler.routing import CACHE_S
 from tests.e2e.client import ChatClient
 from tests.e2e.conftest import running_stack
+from tests.e2e.stack import Stack
 
 pytestmark = pytest.mark.e2e
 
@@ -40,24 +39,18 @@ def stack():
 
 
 def _rollout(stack) -> dict | None:
-    with sqlite3.connect(stack.db_path) as db:
-        db.row_factory = sqlite3.Row
-        row = db.execute("SELECT * FROM admin_console_canaryrollout ORDER BY id DESC LIMIT 1").fetchone()
-    return dict(row) if row else None
+    rows = stack.db_rows("SELECT * FROM admin_console_canaryrollout ORDER BY id DESC LIMIT 1")
+    return rows[0] if rows else None
 
 
 def _answers(stack) -> list[dict]:
-    with sqlite3.connect(stack.db_path) as db:
-        db.row_factory = sqlite3.Row
-        rows = db.execute(
-            "SELECT origin, variant, status, error_code, created_at, finished_at AS completed_at "
-            "FROM scheduler_generation ORDER BY finished_at"
-        ).fetchall()
-    return [dict(row) for row in rows]
+    return stack.db_rows(
+        "SELECT origin, variant, status, error_code, created_at, finished_at AS completed_at"
+        " FROM scheduler_generation ORDER BY finished_at"
+    )
 
 
-def _time(value: str) -> datetime:
-    return datetime.fromisoformat(value)
+_time = Stack.db_time
 
 
 def _first_breach(answers: list[dict]) -> datetime:
@@ -150,7 +143,7 @@ def test_a_failing_candidate_is_rolled_back_within_two_evaluations_having_served
     assert rolled_back_at - _first_breach(answers) <= timedelta(seconds=2 * EVALUATION_S)
 
     # The rollback kept the numbers that triggered it.
-    numbers = json.loads(rollout["rollback_numbers"])
+    numbers = stack.db_json(rollout["rollback_numbers"])
     assert numbers["split_percent"] == SPLIT_PERCENT
     candidate, stable = numbers["candidate"], numbers["stable"]
     assert min(candidate["answers"], stable["answers"]) >= MIN_ANSWERS
@@ -231,7 +224,7 @@ def test_a_failing_candidate_serving_only_api_calls_is_rolled_back(stack):
         "error_rate",
     )
     # The candidate's numbers are API calls only: nothing else was asked during this canary.
-    candidate = json.loads(rollout["rollback_numbers"])["candidate"]
+    candidate = stack.db_json(rollout["rollback_numbers"])["candidate"]
     assert candidate["answers"] >= MIN_ANSWERS and candidate["errors"] > 0
     answered = [a for a in _answers(stack) if a["completed_at"] and _time(a["completed_at"]) >= started_at]
     assert {a["origin"] for a in answered} == {"api"}

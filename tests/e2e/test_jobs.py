@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import sqlite3
 import statistics
 import time
 
@@ -84,12 +83,11 @@ def _batch_enqueued(stack) -> int:
 
 
 def _request_ids(stack, job_id: str) -> dict[int, str]:
-    with sqlite3.connect(stack.db_path) as db:
-        rows = db.execute(
-            "SELECT `index`, request_id FROM chat_batchjobitem WHERE job_id = ? AND request_id IS NOT NULL",
-            (job_id.replace("-", ""),),
-        ).fetchall()
-    return dict(rows)
+    rows = stack.db_rows(
+        'SELECT "index", request_id FROM chat_batchjobitem WHERE job_id = %s AND request_id IS NOT NULL',
+        (stack.db_uuid(job_id),),
+    )
+    return {row["index"]: row["request_id"] for row in rows}
 
 
 def _assert_all_answered(job: dict, topic: str) -> None:

@@ -1,0 +1,57 @@
+import threading
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+from django.conf import settings
+from django.db import connection
+
+from chat.models import Conversation, Message, User
+from chat.services import ConversationBusy, message_post
+from scheduler import keys
+from scheduler.admission import AdmissionRefused
+from scheduler.redis import sync_redis
+
+# Committed transactions: each poster is a thread with its own database connection.
+pytestmark = pytest.mark.django_db(transaction=True)
+
+on_postgresql = pytest.mark.skipif(
+    settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
+    # SQLite's immediate transactions serialize posts already; and the suite's in-memory SQLite
+    # fails concurrent writers at once where a database file (as `make run` uses) lets them wait.
+    reason="row locks are PostgreSQL's (run with --database postgres)",
+)
+
+# Fewer than the connection pool holds: every poster has its connection before they all go.
+POSTERS = 8
+
+
+@on_postgresql
+def test_concurrent_posts_to_one_conversation_accept_one_and_refuse_the_rest_as_busy():
+    alice = User.objects.create_user("alice", password="pw")
+    conversation = Conversation.objects.create(owner=alice)
+    all_at_once = threading.Barrier(POSTERS)
+
+    def post(n: int) -> str:
+        try:
+            # As a web process would: its own copy of the conversation, on its own connection.
+            own_copy = Conversation.objects.get(pk=conversation.pk)
+            all_at_once.wait(timeout=30)
+            message_post(
+                conversation=own_copy, text=f"Question {n}", tier="normal", client_id=f"user:{alice.pk}"
+            )
+            return "accepted"
+        except ConversationBusy:
+            return "busy"
+        except AdmissionRefused as refused:
+            return refused.reason
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(POSTERS) as pool:
+        outcomes = list(pool.map(post, range(POSTERS)))
+
+    assert Counter(outcomes) == {"accepted": 1, "busy": POSTERS - 1}
+    assert conversation.messages.filter(role=Message.Role.USER).count() == 1
+    assert conversation.messages.filter(status=Message.Status.PENDING).count() == 1
+    assert sum(sync_redis().xlen(keys.queue("stable", tier)) for tier in keys.TIERS) == 1

@@ -1,0 +1,54 @@
+"""Pytest plugin: the database the suite runs on, `--database sqlite` (default) or `postgres`.
+
+With `postgres` a private PostgreSQL cluster starts before Django reads its settings and
+DATABASE_URL points at it; pytest-django then creates and drops its test database there, and
+each end-to-end stack creates and drops a database of its own (tests/e2e/stack.py).
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from launcher.postgres import PostgresServer
+
+_postgres: PostgresServer | None = None
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--database",
+        choices=("sqlite", "postgres"),
+        default="sqlite",
+        help="run the suite on SQLite (as `make run`) or on a private PostgreSQL (as production)",
+    )
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_load_initial_conftests(early_config, parser, args):
+    global _postgres
+    if early_config.known_args_namespace.database == "postgres":
+        _postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="test-postgres-")))
+        _postgres.start()
+        os.environ["DATABASE_URL"] = _postgres.url("support_chat")
+    else:
+        # The unit tests' database is SQLite in memory; e2e stacks make their own files.
+        os.environ.pop("DATABASE_URL", None)
+    return (yield)
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"database: {config.getoption('database')}"
+
+
+def pytest_unconfigure(config):
+    if _postgres is not None:
+        _postgres.stop()
+
+
+def postgres_server() -> PostgresServer | None:
+    """The private PostgreSQL of a `--database postgres` run; None on SQLite."""
+    return _postgres
