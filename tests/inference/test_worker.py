@@ -26,7 +26,9 @@ from scheduler.results import ResultPublisher
 from scheduler.services import GenerationOutcome, generation_finish
 from tests.generation_jobs import generation_job
 
-pytestmark = pytest.mark.django_db
+# Committed transactions: the worker stores answers from a thread of its own, with its own
+# database connection, as it does in production.
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
 
 HANG = "hang"  # the engine stops producing and waits (to be cancelled or timed out)
 
