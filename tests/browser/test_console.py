@@ -122,8 +122,10 @@ def test_the_queues_table_stays_inside_its_card(staff_page, width):
     page.set_viewport_size({"width": width, "height": 900})
     card = page.locator("section:has(#queues-heading)")
     expect(card.locator("tr[data-variant='candidate']").first).to_be_attached()
-    overrun = card.evaluate(
-        """(card) => {
+    # Looked up inside one script run: a live update may replace the card between two calls.
+    overrun = page.evaluate(
+        """() => {
+            const card = document.querySelector("#queues-heading").closest("section");
             const padding = parseFloat(getComputedStyle(card).paddingRight);
             const inner = card.getBoundingClientRect().right - padding;
             return card.querySelector("table").getBoundingClientRect().right - inner;
