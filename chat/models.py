@@ -56,6 +56,8 @@ class Message(models.Model):
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     ttft_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
+    # Assistant messages only: the help articles its prompt quoted, [{"slug", "title"}], best first.
+    sources = models.JSONField(default=list, blank=True)
     # The asker's thumbs on a finished answer; the canary compares variants by it.
     feedback = models.SmallIntegerField(choices=Feedback.choices, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

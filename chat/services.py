@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -14,9 +15,12 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 from chat.models import Conversation, Message, User
+from knowledge import selectors as knowledge_selectors
 from scheduler import control
 from scheduler.admission import Admission, request_submit
 from scheduler.routing import variant_for
+
+logger = logging.getLogger(__name__)
 
 
 class MessageRejected(ValueError):
@@ -86,9 +90,45 @@ def _validated_text(text: str) -> str:
     return text
 
 
-def _prompt_messages(conversation: Conversation, text: str) -> list[dict[str, str]]:
-    """The system prompt, as much recent history as fits the budget, then the new message:
-    the prompt must leave room for the answer inside the model's context."""
+# The help center decides what the assistant may say: a small model asked without it invents
+# policies, and one told to keep to excerpts still needs to be told what to do without any.
+HELP_CENTER_PROMPT = (
+    "Answer only from these excerpts of our help center. If they do not answer the question, "
+    "say that you do not know, and offer to put the customer in touch with a person from our "
+    "team or ask what exactly they need. Never make up policies, prices or dates.\n\n{excerpts}"
+)
+NO_HELP_CENTER_MATCH_PROMPT = (
+    "Our help center has nothing on this message. If it is a greeting or thanks, reply briefly. "
+    "Otherwise say that you do not know, and offer to put the customer in touch with a person "
+    "from our team or ask what exactly they need. Never make up policies, prices or dates."
+)
+
+
+def _help_center_prompt(text: str) -> tuple[str, int, list[dict[str, str]]]:
+    """(system prompt, characters of excerpts in it, sources quoted) for the customer's message."""
+    try:
+        found = knowledge_selectors.help_center_excerpts(question=text)
+    except knowledge_selectors.EmbedderUnavailable:
+        logger.warning("Answering without the help center: its embedding model is not prepared")
+        return settings.CHAT_SYSTEM_PROMPT, 0, []
+    if not found.excerpts:
+        return f"{settings.CHAT_SYSTEM_PROMPT}\n\n{NO_HELP_CENTER_MATCH_PROMPT}", 0, []
+    excerpts = "\n\n".join(
+        f"## {excerpt.source.title}{f' / {excerpt.heading}' if excerpt.heading else ''}\n{excerpt.text}"
+        for excerpt in found.excerpts
+    )
+    prompt = f"{settings.CHAT_SYSTEM_PROMPT}\n\n{HELP_CENTER_PROMPT.format(excerpts=excerpts)}"
+    excerpt_chars = sum(len(excerpt.text) for excerpt in found.excerpts)
+    return prompt, excerpt_chars, [source.as_dict() for source in found.sources]
+
+
+def _prompt_messages(
+    conversation: Conversation, text: str
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The system prompt with the help center's excerpts on the message, as much recent history
+    as fits the room the excerpts leave, then the new message: the prompt must leave room for
+    the answer inside the model's context. Also returns the articles quoted."""
+    system_prompt, excerpt_chars, sources = _help_center_prompt(text)
     recent = (
         conversation.messages.filter(status=Message.Status.DONE)
         .exclude(content="")
@@ -96,18 +136,15 @@ def _prompt_messages(conversation: Conversation, text: str) -> list[dict[str, st
         .values("role", "content")[: settings.CHAT_HISTORY_MESSAGES]
     )
     history: list[dict[str, str]] = []
-    budget = settings.CHAT_HISTORY_MAX_CHARS
+    budget = settings.CHAT_HISTORY_MAX_CHARS - excerpt_chars
     for message in recent:
         budget -= len(message["content"])
         if budget < 0:
             break
         history.append(message)
     history.reverse()
-    return [
-        {"role": "system", "content": settings.CHAT_SYSTEM_PROMPT},
-        *history,
-        {"role": "user", "content": text},
-    ]
+    messages = [{"role": "system", "content": system_prompt}, *history, {"role": "user", "content": text}]
+    return messages, sources
 
 
 def message_post(
@@ -133,8 +170,9 @@ def message_post(
     with transaction.atomic():
         if conversation.messages.filter(status=Message.Status.PENDING).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
+        messages, sources = _prompt_messages(conversation, text)
         payload = {
-            "messages": _prompt_messages(conversation, text),
+            "messages": messages,
             "max_tokens": settings.GENERATION_MAX_TOKENS,
             "temperature": settings.GENERATION_TEMPERATURE,
             "top_p": settings.GENERATION_TOP_P,
@@ -148,6 +186,7 @@ def message_post(
             status=Message.Status.PENDING,
             request_id=request_id,
             variant=variant,
+            sources=sources,
         )
         Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     try:
