@@ -2,6 +2,7 @@ import logging
 
 import pytest
 
+from knowledge.index import current_index
 from scheduler import policy, routing
 from scheduler.redis import sync_redis
 
@@ -14,4 +15,6 @@ def _empty_redis():
     sync_redis().flushdb()
     policy._cache.clear()
     routing._cache.clear()
+    # The database is rolled back between tests, and its knowledge-base version with it.
+    current_index.forget()
     yield
