@@ -11,6 +11,7 @@ from django.core.exceptions import ValidationError
 from admin_console.models import CanaryRollout, validate_canary_steps
 from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS
 from chat.models import ACCOUNT_TIER_CHOICES, User
+from knowledge.models import Article
 from scheduler.models import TierPolicy
 
 
@@ -130,3 +131,18 @@ class ApiKeyCreateForm(forms.Form):
             return User.objects.get(username=self.cleaned_data["owner"])
         except User.DoesNotExist as exc:
             raise forms.ValidationError("There is no account with this username.") from exc
+
+
+class ArticleForm(forms.ModelForm):
+    """A help article's slug, title and Markdown body. Never saved directly: the views hand
+    cleaned_data to services.article_create or services.article_update."""
+
+    class Meta:
+        model = Article
+        fields = ["title", "slug", "body"]
+        labels = {"slug": "Address", "body": "Text (Markdown)"}
+        help_texts = {
+            "slug": "The article's page is /help/<address>; answers link to it.",
+            "body": "Sections start with ## headings; each section is quoted on its own in answers.",
+        }
+        widgets = {"body": forms.Textarea(attrs={"rows": 18, "class": "mono"})}

@@ -24,6 +24,10 @@ class AuditLog(models.Model):
         WORKER_DRAIN = "worker.drain", "Worker drain requested"
         API_KEY_CREATE = "api_key.create", "API key issued"
         API_KEY_REVOKE = "api_key.revoke", "API key revoked"
+        ARTICLE_CREATE = "article.create", "Help article created"
+        ARTICLE_UPDATE = "article.update", "Help article edited"
+        ARTICLE_RETIRE = "article.retire", "Help article retired"
+        ARTICLE_RESTORE = "article.restore", "Help article restored"
 
     # Automatic changes (the canary's evaluation) have no actor; the name survives the account.
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)

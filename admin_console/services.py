@@ -1,4 +1,4 @@
-"""Writes for the console: rate-limit policies, the canary, worker drains, API keys.
+"""Writes for the console: rate-limit policies, the canary, worker drains, API keys, help articles.
 
 Every change lands in the audit log (who, when, before, after) and reaches the scheduler's
 Redis mirror right after it commits, so it applies within a second without a restart.
@@ -6,6 +6,7 @@ Redis mirror right after it commits, so it applies within a second without a res
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +19,8 @@ from admin_console.models import AuditLog, CanaryRollout
 from chat import api_keys
 from chat.api_keys import IssuedApiKey
 from chat.models import ApiKey, User
+from knowledge import services as knowledge_services
+from knowledge.models import Article
 from scheduler import control
 from scheduler.models import CanaryRouting, TierPolicy
 from scheduler.policy import policies_mirror
@@ -378,3 +381,72 @@ def api_key_revoke(*, actor: User | None, api_key: ApiKey) -> bool:
                 unattended_by=COMMAND_LINE_ACTOR_NAME,
             )
     return revoked
+
+
+# --- help articles ------------------------------------------------------------------------------
+# `actor` None: articles imported from Markdown files (`manage.py import_articles`).
+IMPORT_ACTOR_NAME = "manage.py import_articles"
+
+
+def _article_values(article: Article) -> dict[str, Any]:
+    """The body by size and digest: the audit log says that it changed, the article says how."""
+    return {
+        "slug": article.slug,
+        "title": article.title,
+        "status": article.status,
+        "body_chars": len(article.body),
+        "body_sha256": hashlib.sha256(article.body.encode()).hexdigest()[:12],
+    }
+
+
+def article_create(*, actor: User | None, slug: str, title: str, body: str) -> Article:
+    """Raises ValidationError, or knowledge.embedding.EmbedderUnavailable."""
+    with transaction.atomic():
+        article = knowledge_services.article_create(slug=slug, title=title, body=body)
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.ARTICLE_CREATE,
+            target=article.slug,
+            before=None,
+            after=_article_values(article),
+            unattended_by=IMPORT_ACTOR_NAME,
+        )
+    return article
+
+
+def article_update(*, actor: User | None, article: Article, slug: str, title: str, body: str) -> bool:
+    """False when nothing changed. Raises ValidationError, or EmbedderUnavailable."""
+    with transaction.atomic():
+        before = _article_values(article)
+        changed = knowledge_services.article_update(article=article, slug=slug, title=title, body=body)
+        if changed:
+            _audit(
+                actor=actor,
+                action=AuditLog.Action.ARTICLE_UPDATE,
+                target=article.slug,
+                before=before,
+                after=_article_values(article),
+                unattended_by=IMPORT_ACTOR_NAME,
+            )
+    return changed
+
+
+def article_status_set(*, actor: User | None, article: Article, status: Article.Status) -> bool:
+    """Retire or restore an article; False when it already had that status."""
+    with transaction.atomic():
+        before = _article_values(article)
+        changed = knowledge_services.article_status_set(article=article, status=status)
+        if changed:
+            _audit(
+                actor=actor,
+                action=(
+                    AuditLog.Action.ARTICLE_RETIRE
+                    if status == Article.Status.RETIRED
+                    else AuditLog.Action.ARTICLE_RESTORE
+                ),
+                target=article.slug,
+                before=before,
+                after=_article_values(article),
+                unattended_by=IMPORT_ACTOR_NAME,
+            )
+    return changed

@@ -1,6 +1,7 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
-Scenarios: overhead, fanout, batching, idle, scheduling, soak, console (see docs/BENCHMARKS.md).
+Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval (see
+docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def _print_soak(report: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
-        "scenario", choices=["overhead", "fanout", "batching", "idle", "scheduling", "soak", "console"]
+        "scenario",
+        choices=["overhead", "fanout", "batching", "idle", "scheduling", "soak", "console", "retrieval"],
     )
     parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
     parser.add_argument("--rounds", type=int, default=3, help="overhead: interleaved rounds")
@@ -59,8 +61,27 @@ def main() -> None:
         "--duration", type=float, help="seconds of traffic: scheduling (default 60), soak (default 600)"
     )
     parser.add_argument("--tabs", default="1,10,50", help="console: staff tabs open at once")
+    parser.add_argument("--chunks", type=int, default=10_000, help="retrieval: chunks in the index")
+    parser.add_argument("--queries", type=int, default=500, help="retrieval: questions timed")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    if args.scenario == "retrieval":
+        # In this process, with no stack to start and nothing to plot.
+        from bench.retrieval import retrieval
+
+        print("== retrieval ==", flush=True)
+        report = retrieval(chunks=args.chunks, queries=args.queries)
+        latency = report["latency_ms"]
+        print(
+            f"{report['chunks']} chunks ({report['real_chunks']} from the demo help center), "
+            f"{report['queries']} questions: p50 {latency['p50']:.2f} ms, p99 {latency['p99']:.2f} ms, "
+            f"max {latency['max']:.2f} ms; index built in {report['index_build_s']:.2f} s"
+        )
+        report["machine"] = machine()
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "retrieval.json").write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out / 'retrieval.json'}", file=sys.stderr)
+        return
     # Imported once the arguments are read: `--help` needs none of what a run needs.
     from bench import plots, scenarios, soak
 

@@ -62,6 +62,8 @@ class Message(models.Model):
     content = models.TextField(blank=True)  # user messages; an answer's text is its generation's
     # Assistant messages only: the generation that writes the answer.
     generation = _generation_link("message")
+    # Assistant messages only: the help articles its prompt quoted, [{"slug", "title"}], best first.
+    sources = models.JSONField(default=list, blank=True)
     # The asker's thumbs on a finished answer; the canary compares variants by it.
     feedback = models.SmallIntegerField(choices=Feedback.choices, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

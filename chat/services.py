@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,11 +17,14 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 from chat.models import Conversation, Message, User
+from knowledge import selectors as knowledge_selectors
 from scheduler import control
 from scheduler.admission import Admission, request_submit
 from scheduler.generation import GenerationJob, Origin, SamplingParams, Tier
 from scheduler.models import Generation
 from scheduler.routing import variant_for
+
+logger = logging.getLogger(__name__)
 
 
 class MessageRejected(ValueError):
@@ -90,9 +94,45 @@ def _validated_text(text: str) -> str:
     return text
 
 
-def _prompt_messages(conversation: Conversation, text: str) -> list[dict[str, str]]:
-    """The system prompt, as much recent history as fits the budget, then the new message:
-    the prompt must leave room for the answer inside the model's context."""
+# The help center decides what the assistant may say: a small model asked without it invents
+# policies, and one told to keep to excerpts still needs to be told what to do without any.
+HELP_CENTER_PROMPT = (
+    "Answer only from these excerpts of our help center. If they do not answer the question, "
+    "say that you do not know, and offer to put the customer in touch with a person from our "
+    "team or ask what exactly they need. Never make up policies, prices or dates.\n\n{excerpts}"
+)
+NO_HELP_CENTER_MATCH_PROMPT = (
+    "Our help center has nothing on this message. If it is a greeting or thanks, reply briefly. "
+    "Otherwise say that you do not know, and offer to put the customer in touch with a person "
+    "from our team or ask what exactly they need. Never make up policies, prices or dates."
+)
+
+
+def _help_center_prompt(text: str) -> tuple[str, int, list[dict[str, str]]]:
+    """(system prompt, characters of excerpts in it, sources quoted) for the customer's message."""
+    try:
+        found = knowledge_selectors.help_center_excerpts(question=text)
+    except knowledge_selectors.EmbedderUnavailable:
+        logger.warning("Answering without the help center: its embedding model is not prepared")
+        return settings.CHAT_SYSTEM_PROMPT, 0, []
+    if not found.excerpts:
+        return f"{settings.CHAT_SYSTEM_PROMPT}\n\n{NO_HELP_CENTER_MATCH_PROMPT}", 0, []
+    excerpts = "\n\n".join(
+        f"## {excerpt.source.title}{f' / {excerpt.heading}' if excerpt.heading else ''}\n{excerpt.text}"
+        for excerpt in found.excerpts
+    )
+    prompt = f"{settings.CHAT_SYSTEM_PROMPT}\n\n{HELP_CENTER_PROMPT.format(excerpts=excerpts)}"
+    excerpt_chars = sum(len(excerpt.text) for excerpt in found.excerpts)
+    return prompt, excerpt_chars, [source.as_dict() for source in found.sources]
+
+
+def _prompt_messages(
+    conversation: Conversation, text: str
+) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    """The system prompt with the help center's excerpts on the message, as much recent history
+    as fits the room the excerpts leave, then the new message: the prompt must leave room for
+    the answer inside the model's context. Also returns the articles quoted."""
+    system_prompt, excerpt_chars, sources = _help_center_prompt(text)
     recent = (
         conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
         .annotate(text=Coalesce("generation__text", "content"))
@@ -101,18 +141,15 @@ def _prompt_messages(conversation: Conversation, text: str) -> list[dict[str, st
         .values("role", "text")[: settings.CHAT_HISTORY_MESSAGES]
     )
     history: list[dict[str, str]] = []
-    budget = settings.CHAT_HISTORY_MAX_CHARS
+    budget = settings.CHAT_HISTORY_MAX_CHARS - excerpt_chars
     for message in recent:
         budget -= len(message["text"])
         if budget < 0:
             break
         history.append({"role": message["role"], "content": message["text"]})
     history.reverse()
-    return [
-        {"role": "system", "content": settings.CHAT_SYSTEM_PROMPT},
-        *history,
-        {"role": "user", "content": text},
-    ]
+    messages = [{"role": "system", "content": system_prompt}, *history, {"role": "user", "content": text}]
+    return messages, sources
 
 
 def message_post(
@@ -142,10 +179,11 @@ def message_post(
         Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).exists()
         if _unfinished_answers(conversation).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
+        messages, sources = _prompt_messages(conversation, text)
         job = GenerationJob(
             request_id=str(request_id),
             origin=Origin.CHAT,
-            messages=_prompt_messages(conversation, text),
+            messages=messages,
             sampling=SamplingParams.defaults(),
             client_id=client_id,
             tier=Tier(tier),
@@ -154,7 +192,10 @@ def message_post(
         )
         user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER, content=text)
         assistant_message = Message.objects.create(
-            conversation=conversation, role=Message.Role.ASSISTANT, generation_id=request_id
+            conversation=conversation,
+            role=Message.Role.ASSISTANT,
+            generation_id=request_id,
+            sources=sources,
         )
         Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     try:

@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "chat",
     "scheduler",
     "admin_console",
+    "knowledge",
 ]
 
 MIDDLEWARE = [
@@ -209,8 +210,20 @@ CHAT_HISTORY_MESSAGES = env_int("CHAT_HISTORY_MESSAGES", 12)
 CHAT_HISTORY_MAX_CHARS = env_int("CHAT_HISTORY_MAX_CHARS", 2000)
 CHAT_SYSTEM_PROMPT = env_str(
     "CHAT_SYSTEM_PROMPT",
-    "You are a friendly, concise customer-service assistant. Answer in a few sentences.",
+    "You are the customer-service assistant of an online shop. Answer in a few sentences.",
 )
+
+# --- knowledge (the help center the answers come from) ----------------------------------
+# The sentence-embedding model as an ONNX folder (`manage.py prepare_embedder` writes it).
+KNOWLEDGE_EMBEDDING_MODEL = Path(
+    env_str("KNOWLEDGE_EMBEDDING_MODEL", str(VAR_DIR / "models" / "all-MiniLM-L6-v2-onnx"))
+)
+# Cosine similarity an excerpt needs to count as relevant to a question: all-MiniLM-L6-v2
+# scores off-topic questions below 0.25 against the demo help center, and on-topic ones 0.35 to 0.8.
+KNOWLEDGE_MIN_SCORE = env_float("KNOWLEDGE_MIN_SCORE", 0.3)
+KNOWLEDGE_MAX_EXCERPTS = env_int("KNOWLEDGE_MAX_EXCERPTS", 3)
+# Excerpts take their room from CHAT_HISTORY_MAX_CHARS, so the prompt's size stays the same.
+KNOWLEDGE_PROMPT_MAX_CHARS = env_int("KNOWLEDGE_PROMPT_MAX_CHARS", 1200)
 GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
 
 # --- generation and streaming -------------------------------------------------------------

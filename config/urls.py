@@ -18,6 +18,7 @@ urlpatterns = [
     path("metrics", metrics_view.metrics, name="metrics"),
     path("admin/", admin.site.urls),
     path("console/", include("admin_console.urls")),
+    path("help/", include("knowledge.urls")),
 ]
 
 if settings.BENCH_ENDPOINTS:

@@ -1,7 +1,9 @@
 import logging
 
 import pytest
+from django.conf import settings
 
+from knowledge.index import current_index
 from scheduler import policy, routing
 from scheduler.redis import sync_redis
 
@@ -14,4 +16,18 @@ def _empty_redis():
     sync_redis().flushdb()
     policy._cache.clear()
     routing._cache.clear()
+    # The database is rolled back between tests, and its knowledge-base version with it.
+    current_index.forget()
     yield
+
+
+@pytest.fixture
+def tier_policies() -> None:
+    """The tier policies the migrations write: a transactional test empties every table after it,
+    and the next one finds none unless they are written again."""
+    from scheduler.models import TierPolicy
+    from scheduler.policy import policies_mirror
+
+    for tier, fields in settings.RATE_LIMIT_POLICIES.items():
+        TierPolicy.objects.get_or_create(tier=tier, defaults=fields)
+    policies_mirror()

@@ -1,6 +1,7 @@
 /*
  * How a message looks: answers rendered as Markdown by the vendored markdown-it, and one view
- * per assistant bubble (its text, status line, "simulated engine" label, error and thumbs).
+ * per assistant bubble (its text, status line, "simulated engine" label, error, sources and
+ * thumbs).
  * The stream decides what to show; this module only shows it.
  */
 import markdownit from "../vendor/markdown-it.esm.min.js";
@@ -112,7 +113,8 @@ export class AnswerView {
     this.error.hidden = false;
   }
 
-  /** The answer reached its end: no more Stop, and the thumbs once it is a finished answer. */
+  /** The answer reached its end: no more Stop; the thumbs and the help articles it was
+   * written from once it is a finished answer. */
   finish(status, finalText) {
     this.render(finalText);
     this.streaming(false);
@@ -123,5 +125,7 @@ export class AnswerView {
     if (stopButton) stopButton.remove();
     const feedback = this.bubble.querySelector(".feedback");
     if (feedback && status === "done") feedback.hidden = false;
+    const sources = this.bubble.querySelector(".bubble__sources");
+    if (sources && status === "done") sources.hidden = false;
   }
 }

@@ -10,6 +10,7 @@ from django.urls import resolve
 from admin_console import urls as console_urls
 from admin_console.models import AuditLog, CanaryRollout
 from chat.models import User
+from knowledge.models import Article
 from scheduler.models import TierPolicy
 from scheduler.queues import job_enqueue
 from scheduler.routing import canary_split
@@ -34,6 +35,11 @@ CONSOLE_URLS = [
     ("GET", "/console/api-keys"),
     ("POST", "/console/api-keys/create"),
     ("POST", "/console/api-keys/1/revoke"),
+    ("GET", "/console/knowledge"),
+    ("POST", "/console/knowledge/new"),
+    ("POST", "/console/knowledge/1"),
+    ("POST", "/console/knowledge/1/retire"),
+    ("POST", "/console/knowledge/1/restore"),
 ]
 
 
@@ -234,3 +240,46 @@ def test_the_audit_log_lists_changes_newest_first(client_staff, staff):
     html = client_staff.get("/console/audit").content.decode()
     assert "Rate-limit policy changed" in html
     assert "<del>200</del> → <ins>33</ins>" in html
+
+
+def test_staff_write_edit_and_retire_help_articles_and_each_change_is_audited(client_staff, staff):
+    assert client_staff.get("/console/knowledge/new").status_code == 200
+    response = client_staff.post(
+        "/console/knowledge/new",
+        {"title": "Pets", "slug": "pets", "body": "Dogs on a lead are welcome in our stores."},
+    )
+    assert response.status_code == 302
+    article = Article.objects.get(slug="pets")
+    listing = client_staff.get("/console/knowledge").content.decode()
+    assert "Pets" in listing and 'href="/help/pets"' in listing
+
+    response = client_staff.post(
+        f"/console/knowledge/{article.pk}",
+        {"title": "Pets", "slug": "pets", "body": "Only guide dogs, please."},
+    )
+    assert response.status_code == 302
+    assert Client().get("/help/pets").content.decode().count("Only guide dogs") == 1
+
+    assert client_staff.post(f"/console/knowledge/{article.pk}/retire").status_code == 302
+    assert Client().get("/help/pets").status_code == 404
+    assert client_staff.post(f"/console/knowledge/{article.pk}/restore").status_code == 302
+
+    entries = AuditLog.objects.filter(target="pets").order_by("id")
+    assert [(entry.action, entry.actor_name) for entry in entries] == [
+        ("article.create", "sam"),
+        ("article.update", "sam"),
+        ("article.retire", "sam"),
+        ("article.restore", "sam"),
+    ]
+    assert ("status", "active", "retired") in entries[2].changes()
+
+
+def test_an_article_with_a_slug_in_use_or_no_text_is_refused_with_a_reason(client_staff):
+    client_staff.post("/console/knowledge/new", {"title": "Pets", "slug": "pets", "body": "Dogs welcome."})
+    response = client_staff.post("/console/knowledge/new", {"title": "Pets 2", "slug": "pets", "body": "x"})
+    assert response.status_code == 400
+    assert "already exists" in response.content.decode()
+    response = client_staff.post("/console/knowledge/new", {"title": "Empty", "slug": "empty", "body": ""})
+    assert response.status_code == 400
+    assert Article.objects.count() == 1
+    assert AuditLog.objects.filter(action="article.create").count() == 1

@@ -117,7 +117,10 @@ def test_every_api_route_answers_hostile_input_in_openai_s_error_shape(key, meth
             response = client.post(path, body, content_type="application/json", headers=headers)
         else:
             response = client.get(path, headers=headers)
-        assert response.status_code < 500, response.content
+        # A full queue is an honest 503 with Retry-After (valid requests pile up: no worker runs
+        # here); any other 5xx is a fault.
+        busy = response.status_code == 503 and "Retry-After" in response.headers
+        assert response.status_code < 500 or busy, response.content
         if response.status_code >= 400:
             assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 

@@ -13,8 +13,7 @@ from scheduler.admission import AdmissionRefused
 from scheduler.redis import sync_redis
 
 # Committed transactions: each poster is a thread with its own database connection.
-# (serialized_rollback: the tier policies the migrations wrote are there again for each test.)
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("tier_policies")]
 
 on_postgresql = pytest.mark.skipif(
     settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",

@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from chat import tasks, views
 from chat.models import Conversation, Message, User
+from knowledge import services as knowledge_services
 from scheduler import keys
 from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
@@ -327,3 +328,32 @@ def test_the_model_variant_shows_to_staff_only(alice, conversation):
     alice.is_staff = True
     alice.save()
     assert "candidate-7b" in customer.get(f"/chat/{conversation.pk}").content.decode()
+
+
+def test_an_answer_is_written_from_the_help_center_and_names_its_sources(client_alice, conversation):
+    knowledge_services.article_create(
+        slug="returns-policy", title="Returns policy", body="You can return most items within 30 days."
+    )
+    knowledge_services.article_create(slug="gift-cards", title="Gift cards", body="Gift cards never expire.")
+    assert _post(client_alice, conversation, "How long do I have to return an item?").status_code == 202
+    (job,) = worker_double.queued("normal")
+    system_prompt = job["messages"][0]["content"]
+    assert "Answer only from these excerpts" in system_prompt
+    assert "You can return most items within 30 days." in system_prompt
+    assert "Gift cards never expire" not in system_prompt
+    answer = conversation.messages.get(role="assistant")
+    assert answer.sources == [{"slug": "returns-policy", "title": "Returns policy"}]
+    page = client_alice.get(f"/chat/{conversation.pk}").content.decode()
+    assert 'href="/help/returns-policy"' in page
+
+
+def test_a_question_the_help_center_does_not_cover_is_told_to_say_so(client_alice, conversation):
+    knowledge_services.article_create(
+        slug="returns-policy", title="Returns policy", body="You can return most items within 30 days."
+    )
+    assert _post(client_alice, conversation, "What is the capital of France?").status_code == 202
+    (job,) = worker_double.queued("normal")
+    system_prompt = job["messages"][0]["content"]
+    assert "say that you do not know" in system_prompt
+    assert "30 days" not in system_prompt
+    assert conversation.messages.get(role="assistant").sources == []

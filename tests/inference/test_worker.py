@@ -28,7 +28,7 @@ from tests.generation_jobs import generation_job
 
 # Committed transactions: the worker stores answers from a thread of its own, with its own
 # database connection, as it does in production.
-pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("tier_policies")]
 
 HANG = "hang"  # the engine stops producing and waits (to be cancelled or timed out)
 

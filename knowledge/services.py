@@ -1,0 +1,99 @@
+"""Writes to the help center. Every change re-chunks and re-embeds what it touched and raises
+the knowledge-base version in the same transaction, so the index and the version agree.
+
+The console audits these through admin_console.services; nothing else should call them directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.db import transaction
+from django.db.models import F
+from django.utils.text import slugify
+
+from knowledge.chunking import article_chunks
+from knowledge.embedding import embed
+from knowledge.index import current_index
+from knowledge.models import Article, Chunk, KnowledgeBase
+
+
+class ArticleFileRejected(ValueError):
+    """A Markdown file that is not an article (no `# Title` line, or no body)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArticleFile:
+    slug: str
+    title: str
+    body: str
+
+
+def _version_raise() -> None:
+    if not KnowledgeBase.objects.filter(pk=1).update(version=F("version") + 1):
+        KnowledgeBase.objects.get_or_create(pk=1, defaults={"version": 1})
+    # This process searches the new version at once; the others notice within VERSION_CHECK_S.
+    transaction.on_commit(current_index.forget)
+
+
+def _chunks_replace(article: Article) -> None:
+    """Embeds before it deletes, so a failing embedder leaves the old chunks in place."""
+    pieces = article_chunks(article.body)
+    vectors = embed([piece.embedding_input(article.title) for piece in pieces])
+    article.chunks.all().delete()
+    Chunk.objects.bulk_create(
+        Chunk(article=article, position=i, heading=piece.heading, text=piece.text, embedding=vector.tobytes())
+        for i, (piece, vector) in enumerate(zip(pieces, vectors, strict=True))
+    )
+
+
+def article_create(*, slug: str, title: str, body: str) -> Article:
+    """Raises ValidationError (a slug in use, an empty title or body)."""
+    article = Article(slug=slug, title=title.strip(), body=body.strip())
+    article.full_clean()
+    with transaction.atomic():
+        article.save()
+        _chunks_replace(article)
+        _version_raise()
+    return article
+
+
+def article_update(*, article: Article, title: str, body: str, slug: str | None = None) -> bool:
+    """False when nothing changed (no new version)."""
+    title, body = title.strip(), body.strip()
+    slug = article.slug if slug is None else slug
+    if (article.slug, article.title, article.body) == (slug, title, body):
+        return False
+    article.slug, article.title, article.body = slug, title, body
+    article.full_clean()
+    with transaction.atomic():
+        article.save()
+        _chunks_replace(article)
+        _version_raise()
+    return True
+
+
+def article_status_set(*, article: Article, status: Article.Status) -> bool:
+    """Retire or restore. False when it already had that status."""
+    if article.status == status:
+        return False
+    with transaction.atomic():
+        article.status = status
+        article.save(update_fields=["status", "updated_at"])
+        _version_raise()
+    return True
+
+
+def article_file_read(path: Path) -> ArticleFile:
+    """`returns-policy.md` starting with `# Returns policy` -> slug, title and the rest as body."""
+    lines = path.read_text(encoding="utf-8").strip().splitlines()
+    if not lines or not lines[0].startswith("# "):
+        raise ArticleFileRejected(f"{path.name}: the first line must be the title, as `# Title`")
+    body = "\n".join(lines[1:]).strip()
+    if not body:
+        raise ArticleFileRejected(f"{path.name}: no text after the title")
+    slug = slugify(path.stem)
+    if not slug:
+        raise ArticleFileRejected(f"{path.name}: the file name gives no slug")
+    return ArticleFile(slug=slug, title=lines[0][2:].strip(), body=body)

@@ -1,0 +1,59 @@
+"""The help center in a real browser: an answer lists the articles it was written from, and
+their links open the article."""
+
+import pytest
+from playwright.sync_api import Page, expect
+
+from tests.browser.conftest import js_errors, new_page
+from tests.e2e.conftest import running_stack
+from tests.knowledge.conftest import DEMO_HELP_CENTER
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e]
+
+
+@pytest.fixture(scope="module")
+def stack():
+    for stack in running_stack():
+        done = stack.manage("import_articles", str(DEMO_HELP_CENTER))
+        assert done.returncode == 0, done.stderr
+        yield stack
+
+
+@pytest.fixture
+def page(browser, stack) -> Page:
+    page = new_page(browser, stack.base_url)
+    yield page
+    page.context.close()
+
+
+def _ask(page: Page, text: str):
+    page.goto("/")
+    page.get_by_label("Your message").fill(text)
+    page.keyboard.press("Enter")
+    answer = page.locator(".bubble--assistant").last
+    expect(answer).to_have_attribute("data-status", "done")
+    return answer
+
+
+def test_an_answer_shows_its_sources_as_links_to_the_articles(page, stack):
+    errors = js_errors(page)
+    answer = _ask(page, "How long do I have to return an item?")
+    sources = answer.get_by_role("navigation", name="Sources")
+    expect(sources).to_be_visible()
+    link = sources.get_by_role("link", name="Returns policy")
+    expect(link).to_have_attribute("href", "/help/returns-policy")
+
+    # Reloaded, the stored answer keeps its sources.
+    page.reload()
+    expect(page.locator(".bubble--assistant").last.get_by_role("link", name="Returns policy")).to_be_visible()
+
+    article = page.context.new_page()
+    article.goto("/help/returns-policy")
+    expect(article.get_by_role("heading", level=1)).to_have_text("Returns policy")
+    expect(article.get_by_role("heading", name="What a return costs")).to_be_visible()
+    assert errors == []
+
+
+def test_an_answer_the_help_center_does_not_cover_shows_no_sources(page, stack):
+    answer = _ask(page, "What is the capital of France?")
+    expect(answer.locator(".bubble__sources")).to_have_count(0)
