@@ -13,7 +13,6 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
-from django.conf import settings
 
 from scheduler.metrics import WEB_REGISTRY
 
@@ -199,11 +198,16 @@ def test_the_gpu_overlay_gives_each_worker_a_gpu_and_the_demo_none():
     assert {"redis", "postgres"} <= set(_objects("cpu-demo", "StatefulSet"))
 
 
-def test_the_image_runs_the_model_the_settings_name():
-    # The image prepares the model there at build time (Dockerfile); the settings read it.
+def test_the_workers_load_the_model_the_image_prepared_at_build_time():
+    dockerfile = (K8S.parents[1] / "Dockerfile").read_text()
     for overlay in OVERLAYS:
-        assert _config(overlay)["INFERENCE_MODEL"] == "/opt/models/SmolLM2-135M-Instruct"
-    assert settings.INFERENCE_MODEL  # the same setting the worker reads
+        model = _config(overlay)["INFERENCE_MODEL"]
+        assert f"manage.py prepare_model --output {model}" in dockerfile
+        assert f"INFERENCE_MODEL={model}" in dockerfile
+    # Every target runs as the unprivileged user the pods require (runAsNonRoot).
+    targets = dockerfile.split("\nFROM runtime AS ")[1:]
+    assert {target.split()[0] for target in targets} == {"cpu", "cuda"}
+    assert all("\nUSER 10001\n" in target for target in targets)
 
 
 def _pod_containers(overlay: str, *, ours: bool = False) -> list[dict]:
