@@ -154,6 +154,9 @@ CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Without a socket timeout a read from a Redis that stopped answering (not closed: paused,
+# overloaded, behind a dead network path) waits for ever, and so does a warm shutdown.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 
 # --- chat -------------------------------------------------------------------------------

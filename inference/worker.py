@@ -16,7 +16,9 @@ import os
 import socket
 import time
 import uuid
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
+from typing import Any
 
 import redis
 from channels.db import database_sync_to_async
@@ -37,6 +39,14 @@ from scheduler.rules import lease_renewal_s
 logger = logging.getLogger(__name__)
 
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
+# After the drain timeout, how long a stopping worker keeps trying to hand jobs back and leave
+# the registry before it exits anyway: what it could not hand back is taken over after its
+# lease, as after a crash.
+HAND_BACK_S = 5.0
+
+
+class RedisGaveUp(Exception):
+    """A stopping worker stopped waiting for Redis."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +100,7 @@ class InferenceWorker:
         self.mean_service_s = config.service_time_prior_s  # smoothed over finished answers
         self._slot_freed = asyncio.Event()
         self._stopped = asyncio.Event()
+        self._give_up_at: float | None = None  # loop time; set by drain()
 
     @classmethod
     def from_settings(cls) -> InferenceWorker:
@@ -113,29 +124,33 @@ class InferenceWorker:
             self.config.vip_reserved_slots,
             self.config.variant,
         )
-        await self._retrying(self.queue.ensure_groups)
-        background = [
-            asyncio.create_task(coro, name=name)
-            for name, coro in [
-                ("publisher", self.publisher.run()),
-                ("heartbeat", self._heartbeat_loop()),
-                ("control", self._control_loop()),
-                ("leases", self._lease_loop()),
-                ("watch", self._watch_loop()),
-            ]
-        ]
+        background: list[asyncio.Task] = []
         try:
+            await self._retrying(self.queue.ensure_groups)
+            background = [
+                asyncio.create_task(coro, name=name)
+                for name, coro in [
+                    ("publisher", self.publisher.run()),
+                    ("heartbeat", self._heartbeat_loop()),
+                    ("control", self._control_loop()),
+                    ("leases", self._lease_loop()),
+                    ("watch", self._watch_loop()),
+                ]
+            ]
             await self._claim_loop()
             await self._finish_running()
+        except RedisGaveUp:
+            logger.warning("worker %s: Redis unavailable while stopping; exiting anyway", self.worker_id)
         finally:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
-            await self._retrying(
-                lambda: workers.heartbeat_remove(
-                    client, worker_id=self.worker_id, variant=self.config.variant
+            with contextlib.suppress(RedisGaveUp):
+                await self._retrying(
+                    lambda: workers.heartbeat_remove(
+                        client, worker_id=self.worker_id, variant=self.config.variant
+                    )
                 )
-            )
             await self.engine.shutdown()
         if self.fatal is not None:
             raise EngineDeadError(str(self.fatal)) from self.fatal
@@ -144,6 +159,8 @@ class InferenceWorker:
         """Stop claiming; running answers finish (up to the drain timeout), the rest go back."""
         if not self.draining:
             logger.info("worker %s: draining (%d running)", self.worker_id, len(self.running))
+            loop = asyncio.get_running_loop()
+            self._give_up_at = loop.time() + self.config.drain_timeout_s + HAND_BACK_S
         self.draining = True
         self._stopped.set()
         self._slot_freed.set()
@@ -152,10 +169,20 @@ class InferenceWorker:
         tasks = [r.task for r in self.running.values() if r.task is not None]
         if tasks and self.fatal is None:
             await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
+        kept = 0
         for entry in list(self.running.values()):
-            await self._retrying(lambda job=entry.job: self.queue.release(job))
+            try:
+                await self._retrying(lambda job=entry.job: self.queue.release(job))
+            except RedisGaveUp:
+                kept += 1
             if entry.task is not None:
                 entry.task.cancel()
+        if kept:
+            logger.warning(
+                "worker %s: could not hand %d jobs back; they are taken over when their lease runs out",
+                self.worker_id,
+                kept,
+            )
         await asyncio.gather(*(r.task for r in self.running.values() if r.task), return_exceptions=True)
 
     # --- claiming ----------------------------------------------------------------------------
@@ -181,24 +208,44 @@ class InferenceWorker:
                 self._slot_freed.clear()
                 await self._wait(self._slot_freed, 1.0)
                 continue
-            room = self._room()
             try:
-                jobs = await self.queue.claim(total=free, per_tier=room, aging_s=self.config.normal_aging_s)
-                if not jobs:
-                    tiers = [tier for tier, count in room.items() if count > 0]
-                    jobs = await self.queue.claim_blocking(tiers, timeout_s=1.0)
+                jobs = await self._unless_stopped(self._claim(free))
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: claiming failed (%s); retrying", self.worker_id, exc)
                 await self._wait(self._stopped, 0.5)
                 continue
             await self._start_jobs(jobs)
 
+    async def _claim(self, free: int) -> list[Job]:
+        room = self._room()
+        jobs = await self.queue.claim(total=free, per_tier=room, aging_s=self.config.normal_aging_s)
+        if not jobs:
+            tiers = [tier for tier, count in room.items() if count > 0]
+            jobs = await self.queue.claim_blocking(tiers, timeout_s=1.0)
+        return jobs
+
+    async def _unless_stopped(self, claim: Coroutine[Any, Any, list[Job]]) -> list[Job]:
+        """Claim, unless told to stop first: an unresponsive Redis can hold a call for many
+        seconds. A claim cut short may leave jobs claimed; they are taken over after the lease."""
+        claiming = asyncio.ensure_future(claim)
+        stopping = asyncio.ensure_future(self._stopped.wait())
+        await asyncio.wait({claiming, stopping}, return_when=asyncio.FIRST_COMPLETED)
+        stopping.cancel()
+        if not claiming.done():
+            claiming.cancel()
+            await asyncio.gather(claiming, return_exceptions=True)
+            return []
+        return claiming.result()
+
     async def _start_jobs(self, jobs: list[Job]) -> None:
         if not jobs:
             return
-        cancelled = await self._retrying(
-            lambda: control.cancelled_request_ids(self.queue.client, [j.request_id for j in jobs])
-        )
+        try:
+            cancelled = await self._retrying(
+                lambda: control.cancelled_request_ids(self.queue.client, [j.request_id for j in jobs])
+            )
+        except RedisGaveUp:
+            return  # stopping: they are taken over after their lease
         for job in jobs:
             entry = _Running(job=job, cancel_requested=job.request_id in cancelled)
             self.running[job.request_id] = entry
@@ -222,6 +269,8 @@ class InferenceWorker:
             if self.draining:
                 return  # likewise handed back
             raise
+        except RedisGaveUp:
+            return  # stopping without Redis: taken over after its lease
         except Exception:
             logger.exception("worker %s: job %s failed", self.worker_id, job.request_id)
             worker_metrics.GENERATIONS.labels(job.variant, job.tier, "error").inc()
@@ -447,6 +496,7 @@ class InferenceWorker:
                     max_count=self.slots - len(self.running),
                     max_attempts=self.config.max_attempts,
                 )
+                await self.queue.dead_workers_forget(stale_s=settings.WORKER_HEARTBEAT_TTL_S)
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: lease upkeep failed (%s)", self.worker_id, exc)
                 continue
@@ -506,15 +556,26 @@ class InferenceWorker:
             await asyncio.wait_for(event.wait(), timeout_s)
 
     async def _retrying(self, operation):
-        """Run a Redis operation until it succeeds; Redis restarts are waited out."""
+        """Run a Redis operation until it succeeds; Redis restarts are waited out, except by a
+        stopping worker, which gives up (RedisGaveUp) at the end of its drain and hand-back."""
         delay = 0.05
+        loop = asyncio.get_running_loop()
         while True:
             try:
-                return await operation()
+                if self._give_up_at is None:
+                    return await operation()
+                async with asyncio.timeout_at(self._give_up_at):
+                    return await operation()
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: redis unavailable (%s); retrying", self.worker_id, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
+            except TimeoutError:
+                if self._give_up_at is None:
+                    raise
+                raise RedisGaveUp from None
+            if self._give_up_at is not None and loop.time() + delay >= self._give_up_at:
+                raise RedisGaveUp
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
 
 def _usage(last: Delta | None) -> dict[str, int]:

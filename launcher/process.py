@@ -99,6 +99,11 @@ class Process:
             raise TimeoutError(f"{self.name} (pid {self.pid}) still running after {timeout_s}s")
         return self._reap()
 
+    def send_signal(self, signum: int) -> None:
+        """A signal to the leader alone (SIGTERM to see it stop by itself, SIGSTOP to freeze it)."""
+        if not self._exited():
+            self.popen.send_signal(signum)
+
     def stop(self, timeout_s: float | None = None) -> int:
         """SIGTERM, then SIGKILL to the whole group if it has not ended within the timeout."""
         if not self._exited():

@@ -40,6 +40,16 @@ def result(variant: str, request_id: str) -> str:
     return f"llm:{{{variant}}}:result:{request_id}"
 
 
+def relay_wake(follower_id: str) -> str:
+    """A web process's private stream: a new subscription writes to it to wake the follower."""
+    return f"llm:relay:wake:{follower_id}"
+
+
+def publisher_batch(publisher_id: str) -> str:
+    """A worker's result publisher: the number of the last batch it wrote (retries skip it)."""
+    return f"llm:publisher:{publisher_id}:batch"
+
+
 def cancel(request_id: str) -> str:
     return f"llm:cancel:{request_id}"
 

@@ -150,6 +150,53 @@ return {queued(KEYS[1], KEYS[2]), ahead(KEYS[1], KEYS[2], 4), tostring(rate)}
 )
 
 
+_FORGET_DEAD_WORKERS = (
+    _LUA_COMMON
+    + """
+-- KEYS: capacity, then each tier's queue; ARGV: group, stale_s
+-- A worker is dead when its capacity report is missing or stale. Deleting a consumer that holds
+-- no pending job loses nothing (a live one is recreated by its next read); one that holds jobs
+-- stays until they are taken over, since deleting it would make them unclaimable.
+local t = now()
+local stale_s = tonumber(ARGV[2])
+local reported = {}
+local reports = redis.call('HGETALL', KEYS[1])
+for i = 1, #reports, 2 do
+  reported[reports[i]] = tonumber(string.match(reports[i + 1], '|([^|]+)$')) or 0
+end
+local function dead(name)
+  local ts = reported[name]
+  return ts == nil or t - ts > stale_s
+end
+local holding, idle = {}, {}
+for i = 2, #KEYS do
+  if redis.call('EXISTS', KEYS[i]) == 1 then
+    for _, consumer in ipairs(redis.call('XINFO', 'CONSUMERS', KEYS[i], ARGV[1])) do
+      local info = {}
+      for j = 1, #consumer, 2 do info[consumer[j]] = consumer[j + 1] end
+      if info['pending'] > 0 then
+        holding[info['name']] = true
+      else
+        idle[#idle + 1] = {KEYS[i], info['name']}
+      end
+    end
+  end
+end
+local removed = 0
+for _, entry in ipairs(idle) do
+  if dead(entry[2]) and not holding[entry[2]] then
+    redis.call('XGROUP', 'DELCONSUMER', entry[1], ARGV[1], entry[2])
+    removed = removed + 1
+  end
+end
+for name, _ in pairs(reported) do
+  if dead(name) and not holding[name] then redis.call('HDEL', KEYS[1], name) end
+end
+return removed
+"""
+)
+
+
 def _higher_tier_keys(variant: str, tier: str) -> list[str]:
     higher: list[str] = []
     for other in keys.TIERS[: keys.TIERS.index(tier)]:
@@ -308,6 +355,7 @@ class JobQueue:
         self.consumer = consumer
         self._claim = async_script(client, _CLAIM)
         self._record_claim = async_script(client, _RECORD_CLAIM)
+        self._forget_dead_workers = async_script(client, _FORGET_DEAD_WORKERS)
 
     async def ensure_groups(self) -> None:
         for tier in keys.TIERS:
@@ -428,6 +476,14 @@ class JobQueue:
                     job = Job.from_entry(self.variant, tier, entry_id, fields, attempt=attempt)
                     (exhausted if attempt > max_attempts else runnable).append(job)
         return runnable, exhausted
+
+    async def dead_workers_forget(self, *, stale_s: float) -> int:
+        """Remove the consumers and capacity reports of workers that have not reported for
+        `stale_s` and hold no pending job. Returns how many consumers were removed."""
+        return await self._forget_dead_workers(
+            keys=[keys.capacity(self.variant), *(keys.queue(self.variant, tier) for tier in keys.TIERS)],
+            args=[keys.CONSUMER_GROUP, stale_s],
+        )
 
     async def dead_letter(self, job: Job, reason: str) -> None:
         async with self.client.pipeline(transaction=False) as pipe:

@@ -31,13 +31,22 @@ from scheduler.redis import async_script, new_async_redis
 logger = logging.getLogger(__name__)
 
 TERMINAL_EVENTS = frozenset({"done", "error"})
-_ENTRY_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+# ASCII digits only (`\d` takes other scripts' digits, which Redis refuses), each part a u64.
+_ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
+_MAX_ID_PART = 2**64 - 1
 _RETRY_DELAYS_S = (0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 
 
 def parse_event_id(raw: str | None) -> str:
-    """A Last-Event-ID to resume after; anything malformed starts from the beginning."""
-    return raw if raw and _ENTRY_ID.match(raw) else "0-0"
+    """A Last-Event-ID to resume after, in Redis's form; anything Redis would refuse as a stream
+    id (malformed, or a part above 2^64-1) starts from the beginning, "0-0"."""
+    match = _ENTRY_ID.fullmatch(raw) if raw else None
+    if match is None:
+        return "0-0"
+    ms, seq = (int(part) for part in match.groups())
+    if ms > _MAX_ID_PART or seq > _MAX_ID_PART:
+        return "0-0"
+    return f"{ms}-{seq}"
 
 
 def _id_key(entry_id: str) -> tuple[int, int]:
@@ -54,16 +63,22 @@ class ResultEvent:
 
 # One call writes a whole batch: the per-command cost of a pipeline (packing, parsing a reply
 # per entry) is what limits a worker streaming to thousands of clients.
+# A batch is written at most once: a retry after a reply lost to a broken connection must not
+# append the same tokens again, so the script records the publisher's last batch number and a
+# batch it has already written is skipped. Script and record are one atomic step.
 _PUBLISH = """
--- KEYS: the stream of each event; ARGV: ttl_s, then (type, data) per event
-for i = 1, #KEYS do
-  local kind = ARGV[2 * i]
-  redis.call('XADD', KEYS[i], '*', 'type', kind, 'data', ARGV[2 * i + 1])
+-- KEYS: the publisher's last-batch record, then the stream of each event
+-- ARGV: ttl_s, batch number, then (type, data) per event
+if redis.call('GET', KEYS[1]) == ARGV[2] then return 0 end
+for i = 2, #KEYS do
+  local kind = ARGV[2 * i - 1]
+  redis.call('XADD', KEYS[i], '*', 'type', kind, 'data', ARGV[2 * i])
   if kind == 'start' or kind == 'done' or kind == 'error' then
     redis.call('EXPIRE', KEYS[i], ARGV[1])
   end
 end
-return #KEYS
+redis.call('SET', KEYS[1], ARGV[2], 'EX', ARGV[1])
+return #KEYS - 1
 """
 
 
@@ -73,6 +88,8 @@ class ResultPublisher:
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
         self._publish = async_script(client, _PUBLISH)
+        self._batch_key = keys.publisher_batch(uuid.uuid4().hex)
+        self._batches = 0
         self._buffer: list[tuple[str, str, str]] = []
         self._written: asyncio.Future[None] | None = None
         self._wakeup = asyncio.Event()
@@ -97,13 +114,15 @@ class ResultPublisher:
 
     async def _write(self, batch: list[tuple[str, str, str]]) -> None:
         """Write one batch, retrying through a Redis restart: tokens are late, never lost."""
+        self._batches += 1
+        args: list[str | int] = [settings.RESULT_TTL_S, self._batches]
+        for _, kind, data in batch:
+            args += [kind, data]
+        streams = [self._batch_key, *(stream for stream, _, _ in batch)]
         attempt = 0
         while True:
-            args: list[str | int] = [settings.RESULT_TTL_S]
-            for _, kind, data in batch:
-                args += [kind, data]
             try:
-                await self._publish(keys=[stream for stream, _, _ in batch], args=args)
+                await self._publish(keys=streams, args=args)
                 return
             except (redis.ConnectionError, redis.TimeoutError) as exc:
                 delay = _RETRY_DELAYS_S[min(attempt, len(_RETRY_DELAYS_S) - 1)]
@@ -118,6 +137,12 @@ class _Subscription:
         self.cursor = after_id
         self._pending: list[ResultEvent] = []
         self._arrived = asyncio.Event()
+
+    def fail(self, code: str, message: str) -> None:
+        """End the subscription with an `error` event, as if the worker had published it:
+        every reader already turns that into a clear outcome for its client."""
+        self._pending.append(ResultEvent(self.cursor, "error", {"code": code, "message": message}))
+        self._arrived.set()
 
     def deliver(self, entries: list[tuple[str, dict[str, str]]]) -> None:
         for entry_id, fields in entries:
@@ -138,6 +163,14 @@ class _Subscription:
         return batch
 
 
+STREAM_UNREADABLE_MESSAGE = "Sorry, this answer can no longer be read. Please send your message again."
+RELAY_FAILED_MESSAGE = "Sorry, we lost track of this answer. Reload the page to pick it up again."
+
+
+def _new_wake_key() -> str:
+    return keys.relay_wake(uuid.uuid4().hex)
+
+
 class ResultFollower:
     """Web side: one per event loop. A single connection blocks on XREAD over every followed
     stream plus a private wake-up stream, which new subscriptions poke."""
@@ -147,7 +180,7 @@ class ResultFollower:
 
     def __init__(self) -> None:
         self._subs: dict[str, list[_Subscription]] = {}
-        self._wake_key = f"llm:relay:wake:{uuid.uuid4().hex}"
+        self._wake_key = _new_wake_key()
         self._wake_cursor = "0-0"
         self._reader: aioredis.Redis | None = None
         self._poker: aioredis.Redis | None = None
@@ -158,6 +191,8 @@ class ResultFollower:
         self, *, variant: str, request_id: str, after_id: str
     ) -> AsyncIterator[_Subscription]:
         """Follow one request's events; while subscribed, the request counts as watched."""
+        if parse_event_id(after_id) != after_id:
+            raise ValueError(f"not a stream id in Redis's form: {after_id!r}")
         sub = _Subscription(keys.result(variant, request_id), after_id)
         self._subs.setdefault(sub.key, []).append(sub)
         if self._task is None or self._task.done():
@@ -206,10 +241,22 @@ class ResultFollower:
                 pipe.xadd(self._wake_key, {"w": 1}, maxlen=16, approximate=False)
                 pipe.expire(self._wake_key, 3600)
                 await pipe.execute()
-        except (redis.ConnectionError, redis.TimeoutError):
-            pass  # the reader is reconnecting and will pick the new subscription up anyway
+        except redis.RedisError:
+            pass  # the reader is reconnecting (or replacing its wake-up stream) and picks it up anyway
 
     async def _run(self) -> None:
+        try:
+            await self._follow()
+        except Exception:
+            # Whatever went wrong, nobody is left waiting on a follower that is gone; the next
+            # subscription starts a fresh one.
+            logger.exception("following result streams stopped")
+            for subs in self._subs.values():
+                for sub in subs:
+                    sub.fail("relay_failed", RELAY_FAILED_MESSAGE)
+            self._subs.clear()
+
+    async def _follow(self) -> None:
         if self._reader is None:
             self._reader = new_async_redis(single_connection=True, socket_timeout=self.BLOCK_MS / 1000 + 5)
         attempt = 0
@@ -220,7 +267,11 @@ class ResultFollower:
             try:
                 reply = await self._reader.xread(streams, count=self.BATCH, block=self.BLOCK_MS)
                 attempt = 0
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
+            except redis.RedisError as exc:
+                # Redis refused the read: one stream's fault (a key of another type, say) must
+                # not stop every other stream of this process. Otherwise wait it out.
+                if isinstance(exc, redis.ResponseError) and await self._drop_unreadable(streams):
+                    continue
                 delay = _RETRY_DELAYS_S[min(attempt, len(_RETRY_DELAYS_S) - 1)]
                 logger.warning("following result streams failed (%s); retrying in %.2fs", exc, delay)
                 attempt += 1
@@ -230,8 +281,40 @@ class ResultFollower:
                 if key == self._wake_key:
                     self._wake_cursor = entries[-1][0]
                     continue
-                for sub in self._subs.get(key, []):
-                    sub.deliver(entries)
+                try:
+                    for sub in self._subs.get(key, []):
+                        sub.deliver(entries)
+                except (KeyError, ValueError) as exc:
+                    logger.error("result stream %s holds an entry that is not an event: %s", key, exc)
+                    self._end_subscriptions(key)
+
+    async def _drop_unreadable(self, streams: dict[str, str]) -> bool:
+        """Read each stream on its own and end the subscriptions of those Redis refuses.
+        True when at least one was found (the others can be read again at once)."""
+        if self._poker is None:
+            self._poker = new_async_redis()
+        try:
+            async with self._poker.pipeline(transaction=False) as pipe:
+                for key, cursor in streams.items():
+                    pipe.xread({key: cursor}, count=1)
+                replies = await pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError):
+            return False  # Redis went away meanwhile: the read is retried like any other
+        found = False
+        for key, reply in zip(streams, replies, strict=True):
+            if not isinstance(reply, redis.ResponseError):
+                continue
+            found = True
+            logger.error("result stream %s cannot be read: %s", key, reply)
+            if key == self._wake_key:
+                self._wake_key, self._wake_cursor = _new_wake_key(), "0-0"
+            else:
+                self._end_subscriptions(key)
+        return found
+
+    def _end_subscriptions(self, key: str) -> None:
+        for sub in self._subs.pop(key, []):
+            sub.fail("stream_unreadable", STREAM_UNREADABLE_MESSAGE)
 
 
 async def last_event_type(client: aioredis.Redis, *, variant: str, request_id: str) -> str | None:

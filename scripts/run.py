@@ -99,6 +99,10 @@ def main() -> None:
                     "INFO",
                     "--concurrency",
                     "2",
+                    # Worker events retry Redis for ever: without them a stop never waits on Redis.
+                    "--without-heartbeat",
+                    "--without-mingle",
+                    "--without-gossip",
                 ],
                 env,
             )

@@ -5,7 +5,8 @@ import sys
 
 import pytest
 
-from tests.processes import ROOT, child_env, free_port
+from launcher.process import ROOT, free_port
+from launcher.stack import inherited_env as child_env
 
 pytestmark = pytest.mark.e2e
 

@@ -137,3 +137,42 @@ def test_the_predicted_wait_counts_higher_tiers_ahead_and_uses_live_workers_capa
     normal = _enqueue("normal-0")
     assert vip.predicted_wait_s == 2.0  # 4 VIP ahead at 2 jobs/s
     assert normal.predicted_wait_s == 5.0  # 5 VIP ahead at 1 job/s
+
+
+def _consumers(tier: str = "normal") -> dict[str, int]:
+    infos = sync_redis().xinfo_consumers(keys.queue("stable", tier), keys.CONSUMER_GROUP)
+    return {info["name"]: info["pending"] for info in infos}
+
+
+def _report_capacity(worker_id: str, at: float) -> None:
+    sync_redis().hset(keys.capacity("stable"), worker_id, f"1.0|1.0|{at}")
+
+
+def test_dead_workers_are_forgotten_once_they_hold_no_job_and_live_ones_are_kept():
+    _enqueue("held-by-the-dead")
+    long_ago = time.time() - 3600
+
+    async def body(queue):
+        dead = JobQueue(queue.client, variant="stable", consumer="dead")
+        [job] = await dead.claim(total=1, per_tier={"normal": 1})
+        for holding_nothing in ("idle-dead", "live"):
+            sync_redis().xgroup_createconsumer(
+                keys.queue("stable", "normal"), keys.CONSUMER_GROUP, holding_nothing
+            )
+        _report_capacity("dead", long_ago)
+        _report_capacity("idle-dead", long_ago)
+        _report_capacity("live", time.time())
+
+        await queue.dead_workers_forget(stale_s=5)
+        first = (_consumers(), set(sync_redis().hkeys(keys.capacity("stable"))))
+        runnable, _ = await queue.reclaim_expired(lease_s=0, max_count=1, max_attempts=3)
+        await queue.dead_workers_forget(stale_s=5)
+        second = (_consumers(), set(sync_redis().hkeys(keys.capacity("stable"))))
+        return job, runnable, first, second
+
+    job, runnable, first, second = _with_queue("live", body)
+    # The dead worker holding a job keeps its consumer (deleting it would strand the job).
+    assert first == ({"dead": 1, "live": 0}, {"dead", "live"})
+    assert [j.request_id for j in runnable] == [job.request_id]
+    # Once its job is taken over, it is forgotten too.
+    assert second == ({"live": 1}, {"live"})

@@ -1,13 +1,49 @@
 import asyncio
 
-from scheduler.redis import new_async_redis
+import pytest
+import redis
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from scheduler import keys
+from scheduler.redis import new_async_redis, sync_redis
 from scheduler.results import ResultFollower, ResultPublisher, parse_event_id
+
+U64_MAX = 2**64 - 1
 
 
 def test_malformed_event_ids_resume_from_the_beginning():
     assert parse_event_id("1700000000000-3") == "1700000000000-3"
-    for raw in (None, "", "abc", "12", "1-2-3", "-1", "1 -2"):
+    for raw in (None, "", "abc", "12", "1-2-3", "-1", "1 -2", "1-2\n", "\u0661-2"):
         assert parse_event_id(raw) == "0-0"
+
+
+def test_ids_beyond_what_redis_takes_resume_from_the_beginning():
+    assert parse_event_id(f"{U64_MAX}-{U64_MAX}") == f"{U64_MAX}-{U64_MAX}"
+    assert parse_event_id("99999999999999999999-0") == "0-0"
+    assert parse_event_id(f"0-{U64_MAX + 1}") == "0-0"
+
+
+_parts = st.one_of(
+    st.integers(min_value=0, max_value=2**70).map(str),
+    st.text(alphabet="0123456789", min_size=1, max_size=22),  # leading zeros, 21-22 digits
+    st.text(max_size=4),
+)
+
+
+@given(raw=st.one_of(st.none(), st.text(), st.builds(lambda a, b: f"{a}-{b}", _parts, _parts)))
+@example(raw="99999999999999999999-0")
+@example(raw="007-0")
+def test_any_last_event_id_gives_an_id_redis_accepts_or_the_beginning(raw):
+    parsed = parse_event_id(raw)
+    # Redis is the judge: the id is read after as a stream cursor, as the follower does.
+    try:
+        sync_redis().xread({"llm:{v}:result:probe": parsed}, count=1)
+    except redis.ResponseError as exc:
+        pytest.fail(f"{raw!r} gave {parsed!r}, which Redis refuses: {exc}")
+    if parsed != "0-0":
+        ms, seq = raw.split("-")
+        assert (int(ms), int(seq)) == tuple(int(part) for part in parsed.split("-"))
 
 
 async def _collect(subscription, until: str):
@@ -73,3 +109,128 @@ def test_one_follower_serves_many_streams_and_wakes_for_new_subscriptions():
     assert [e.type for e in events] == ["done"]
     # Not stuck behind the reader's 5 s block: the new subscription woke it.
     assert waited < ResultFollower.BLOCK_MS / 1000
+
+
+def test_a_stream_redis_refuses_to_read_ends_alone_with_an_error_and_the_others_keep_flowing():
+    sync_redis().set(keys.result("v", "wrong-type"), "not a stream")
+
+    async def scenario():
+        client = new_async_redis()
+        publisher = ResultPublisher(client)
+        publishing = asyncio.create_task(publisher.run())
+        follower = ResultFollower()
+        try:
+            async with follower.subscribe(variant="v", request_id="fine", after_id="0-0") as fine:
+                async with follower.subscribe(variant="v", request_id="wrong-type", after_id="0-0") as bad:
+                    bad_events = await _collect(bad, "error")
+                await publisher.emit("v", "fine", "done", {"finish_reason": "stop"})
+                fine_events = await _collect(fine, "done")
+            return bad_events, fine_events
+        finally:
+            publishing.cancel()
+            await client.aclose()
+
+    bad_events, fine_events = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [e.type for e in bad_events] == ["error"]
+    assert bad_events[0].data["code"] == "stream_unreadable"
+    assert bad_events[0].data["message"]
+    assert [e.type for e in fine_events] == ["done"]
+
+
+def test_an_entry_that_is_not_an_event_ends_only_its_own_stream():
+    sync_redis().xadd(keys.result("v", "corrupt"), {"garbage": "1"})
+
+    async def scenario():
+        client = new_async_redis()
+        publisher = ResultPublisher(client)
+        publishing = asyncio.create_task(publisher.run())
+        follower = ResultFollower()
+        try:
+            async with (
+                follower.subscribe(variant="v", request_id="fine", after_id="0-0") as fine,
+                follower.subscribe(variant="v", request_id="corrupt", after_id="0-0") as bad,
+            ):
+                bad_events = await _collect(bad, "error")
+                await publisher.emit("v", "fine", "done", {"finish_reason": "stop"})
+                fine_events = await _collect(fine, "done")
+            return bad_events, fine_events
+        finally:
+            publishing.cancel()
+            await client.aclose()
+
+    bad_events, fine_events = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [(e.type, e.data["code"]) for e in bad_events] == [("error", "stream_unreadable")]
+    assert [e.type for e in fine_events] == ["done"]
+
+
+def test_subscribers_of_a_follower_that_dies_get_an_error_and_a_new_subscription_follows_again(monkeypatch):
+    class Broken(Exception):
+        pass
+
+    real_xread = redis.asyncio.Redis.xread
+    failures = iter([Broken("unexpected")])
+
+    async def xread_failing_once(self, *args, **kwargs):
+        failure = next(failures, None)
+        if failure is not None:
+            raise failure
+        return await real_xread(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.asyncio.Redis, "xread", xread_failing_once)
+
+    async def scenario():
+        client = new_async_redis()
+        publisher = ResultPublisher(client)
+        publishing = asyncio.create_task(publisher.run())
+        follower = ResultFollower()
+        try:
+            async with follower.subscribe(variant="v", request_id="first", after_id="0-0") as first:
+                first_events = await _collect(first, "error")
+            async with follower.subscribe(variant="v", request_id="second", after_id="0-0") as second:
+                await publisher.emit("v", "second", "done", {"finish_reason": "stop"})
+                second_events = await _collect(second, "done")
+            return first_events, second_events
+        finally:
+            publishing.cancel()
+            await client.aclose()
+
+    first_events, second_events = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [(e.type, e.data["code"]) for e in first_events] == [("error", "relay_failed")]
+    assert [e.type for e in second_events] == ["done"]
+
+
+def test_a_batch_whose_reply_was_lost_is_not_written_twice_when_retried():
+    """The connection broke after Redis wrote the batch: the retry must not repeat its tokens."""
+
+    async def scenario():
+        client = new_async_redis()
+        publisher = ResultPublisher(client)
+        real_publish = publisher._publish
+        replies_lost = 0
+
+        async def reply_lost_once(**kwargs):
+            nonlocal replies_lost
+            written = await real_publish(**kwargs)
+            if replies_lost == 0:
+                replies_lost += 1
+                raise redis.ConnectionError("connection reset after the write")
+            return written
+
+        publisher._publish = reply_lost_once
+        publishing = asyncio.create_task(publisher.run())
+        try:
+            for n in range(3):
+                publisher.emit("v", "lost-reply", "token", {"seq": n, "text": f"t{n}"})
+            await publisher.emit("v", "lost-reply", "done", {"finish_reason": "stop"})
+            # Later batches are written as usual.
+            await publisher.emit("v", "next", "done", {"finish_reason": "stop"})
+        finally:
+            publishing.cancel()
+            await client.aclose()
+        return replies_lost
+
+    assert asyncio.run(scenario()) == 1
+    store = sync_redis()
+    kinds = [fields["type"] for _, fields in store.xrange(keys.result("v", "lost-reply"))]
+    assert kinds == ["token", "token", "token", "done"]
+    assert [fields["type"] for _, fields in store.xrange(keys.result("v", "next"))] == ["done"]
