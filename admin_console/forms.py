@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 
 from admin_console.models import CanaryRollout, validate_canary_steps
 from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS
-from chat.models import User
+from chat.models import ACCOUNT_TIER_CHOICES, User
 from scheduler.models import TierPolicy
 
 
@@ -122,7 +122,7 @@ class ApiKeyCreateForm(forms.Form):
     owner = forms.CharField(label="Owner (username)", max_length=150)
     name = forms.CharField(label="Name", max_length=100, required=False, help_text="What the key is for.")
     tier = forms.ChoiceField(
-        label="Tier", choices=[("", "The owner's tier"), *User.Tier.choices], required=False
+        label="Tier", choices=[("", "The owner's tier"), *ACCOUNT_TIER_CHOICES], required=False
     )
 
     def clean_owner(self) -> User:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass
@@ -15,7 +14,7 @@ from admin_console.models import AuditLog, CanaryRollout
 from chat.models import Message
 from scheduler import keys, timeseries
 from scheduler.autoscale import workers_desired
-from scheduler.models import CanaryRouting, TierPolicy
+from scheduler.models import CanaryRouting, Generation, TierPolicy
 from scheduler.queues import queue_state
 from scheduler.workers import WorkerInfo, live_workers
 
@@ -216,30 +215,20 @@ class VariantStats:
         }
 
 
-def _p95(values: list[float]) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return round(ordered[math.ceil(0.95 * len(ordered)) - 1], 1)
-
-
 def variant_stats(*, variant: str, since: datetime) -> VariantStats:
-    finished = Message.objects.filter(
-        role=Message.Role.ASSISTANT,
-        variant=variant,
-        completed_at__gte=since,
-        status__in=[Message.Status.DONE, Message.Status.ERROR],
-    )
-    counts = finished.aggregate(
+    """Every generation of the variant, whatever its origin (chat, API, batch); votes come from
+    chat answers. TTFT is read as the dashboard reads it: every answer that wrote a token,
+    through the same bins and percentile."""
+    ended = Generation.objects.filter(variant=variant, finished_at__gte=since)
+    counts = ended.filter(status__in=[Generation.Status.DONE, Generation.Status.ERROR]).aggregate(
         answers=Count("pk"),
-        errors=Count("pk", filter=Q(status=Message.Status.ERROR)),
-        votes=Count("pk", filter=Q(feedback__isnull=False)),
-        thumbs_down=Count("pk", filter=Q(feedback=Message.Feedback.DOWN)),
+        errors=Count("pk", filter=Q(status=Generation.Status.ERROR)),
+        votes=Count("message__feedback"),
+        thumbs_down=Count("pk", filter=Q(message__feedback=Message.Feedback.DOWN)),
     )
-    ttfts = list(
-        finished.filter(status=Message.Status.DONE, ttft_ms__isnull=False).values_list("ttft_ms", flat=True)
-    )
-    return VariantStats(variant=variant, since=since, ttft_p95_ms=_p95(ttfts), **counts)
+    ttfts = ended.filter(ttft_ms__isnull=False).values_list("ttft_ms", flat=True)
+    ttft_p95 = timeseries.latency_percentile(timeseries.latency_bins(ttfts), 0.95)
+    return VariantStats(variant=variant, since=since, ttft_p95_ms=_rounded(ttft_p95), **counts)
 
 
 def canary_comparison(

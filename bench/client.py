@@ -18,6 +18,8 @@ from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
+from scheduler.generation import TERMINAL_EVENTS, Done, Error, event_decode
+
 
 @dataclass
 class Response:
@@ -294,9 +296,9 @@ async def _read_events(
                 trace.first_status_at = now
                 if on_first_status is not None:
                     on_first_status()
-            elif event in ("done", "error"):
-                payload = json.loads(data or b"{}")
-                trace.outcome = "done" if event == "done" else f"error:{payload.get('code')}"
-                trace.finish_reason = payload.get("finish_reason")
+            elif event in TERMINAL_EVENTS:
+                end = event_decode(event, json.loads(data or b"{}"))
+                trace.outcome = f"error:{end.code}" if isinstance(end, Error) else "done"
+                trace.finish_reason = end.finish_reason if isinstance(end, Done) else None
                 return
     trace.outcome = "closed"

@@ -17,7 +17,7 @@ class TierUserAdmin(UserAdmin):
 class MessageInline(admin.TabularInline):
     model = Message
     extra = 0
-    fields = ("role", "status", "content", "variant", "output_tokens", "created_at")
+    fields = ("role", "content", "generation", "feedback", "created_at")
     readonly_fields = fields
 
 

@@ -14,12 +14,13 @@ from typing import Any
 from uuid import UUID
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import api_keys, completions, jobs
+from chat import api_keys, completions, jobs, openai_protocol
 from chat.models import ApiKey, BatchJob
 from chat.openai_shapes import (
     ApiError,
@@ -90,10 +91,16 @@ def _authenticated(request: HttpRequest) -> ApiKey:
 
 
 def _json_body(request: HttpRequest) -> Any:
+    limit = settings.API_MAX_BODY_BYTES
+    too_large = ApiError(413, f"The request body is larger than {limit} bytes.", code="request_too_large")
     try:
-        return json.loads(request.body)
+        body = request.body
     except RequestDataTooBig:
-        raise invalid("The request body is too large.") from None
+        raise too_large from None
+    if len(body) > limit:
+        raise too_large
+    try:
+        return json.loads(body)
     except ValueError:
         raise invalid("The request body is not valid JSON.") from None
 
@@ -105,6 +112,18 @@ def _live_models() -> dict[str, str]:
         if not worker.state.get("draining"):
             engines.setdefault(worker.variant, set()).add(worker.engine)
     return {variant: ", ".join(sorted(labels)) for variant, labels in sorted(engines.items())}
+
+
+@csrf_exempt
+def not_found(request: HttpRequest, path: str) -> HttpResponse:
+    """Any other path under /v1: OpenAI clients read errors as JSON, never an HTML page."""
+    return ApiError(404, f"There is no endpoint /v1/{path}.", code="unknown_url").response()
+
+
+@api_view("GET")
+def openapi(request: HttpRequest) -> HttpResponse:
+    """The OpenAPI document of /v1, public like any API reference."""
+    return JsonResponse(openai_protocol.openapi_document())
 
 
 @api_view("GET")
@@ -157,7 +176,12 @@ def _owned_job(request: HttpRequest, job_id: UUID) -> BatchJob:
 @api_view("POST")
 def job_create(request: HttpRequest) -> HttpResponse:
     api_key = _authenticated(request)
-    job = jobs.job_create(api_key=api_key, requests=job_requests_parse(_json_body(request)))
+    requests = job_requests_parse(_json_body(request))
+    try:
+        job = jobs.job_create(api_key=api_key, requests=requests)
+    except jobs.TooManyActiveJobs as exc:
+        # No honest Retry-After: jobs take as long as they take. Clients should not loop.
+        raise ApiError(429, str(exc), type="requests", code="too_many_active_jobs", retryable=False) from None
     response = JsonResponse(job_object(job, jobs.job_progress(job=job)), status=202)
     response["Location"] = reverse("api:job", args=[job.pk])
     return response

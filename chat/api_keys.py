@@ -14,7 +14,8 @@ from datetime import timedelta
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from chat.models import ApiKey, User
+from chat import jobs
+from chat.models import ACCOUNT_TIERS, ApiKey, User
 
 KEY_PREFIX = "sk-"
 VISIBLE_CHARS = 8  # of the random part, shown in lists: enough to tell keys apart
@@ -39,8 +40,8 @@ def _hash(plaintext: str) -> str:
 
 def api_key_create(*, owner: User, name: str = "", tier: str = "") -> IssuedApiKey:
     """Issue a key. `tier` empty means the key follows its owner's tier."""
-    if tier and tier not in User.Tier.values:
-        raise ValueError(f"Unknown tier {tier!r}; choose one of {', '.join(User.Tier.values)}.")
+    if tier and tier not in ACCOUNT_TIERS:
+        raise ValueError(f"Unknown tier {tier!r}; choose one of {', '.join(ACCOUNT_TIERS)}.")
     plaintext = KEY_PREFIX + secrets.token_urlsafe(32)
     api_key = ApiKey.objects.create(
         owner=owner,
@@ -53,9 +54,12 @@ def api_key_create(*, owner: User, name: str = "", tier: str = "") -> IssuedApiK
 
 
 def api_key_revoke(*, api_key: ApiKey) -> bool:
-    """Revoke at once: the next call with the key gets 401. False when already revoked."""
+    """Revoke at once: the next call with the key gets 401, and the jobs it submitted stop
+    (status `key_revoked`). False when already revoked."""
     revoked = ApiKey.objects.filter(pk=api_key.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
     api_key.refresh_from_db(fields=["revoked_at"])
+    if revoked:
+        jobs.jobs_stop_for_revoked_key(api_key=api_key)
     return revoked == 1
 
 

@@ -26,8 +26,9 @@ from chat.openai_shapes import ApiError, ChatRequest, ChunkHeader, completion_id
 from chat.sse import sse_comment, sse_data
 from scheduler import control
 from scheduler.admission import request_submit
+from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier
 from scheduler.policy import tier_policy
-from scheduler.results import ResultEvent, result_follower
+from scheduler.results import result_follower
 from scheduler.routing import variant_for
 from scheduler.rules import answer_wait_limit_s
 
@@ -47,13 +48,18 @@ def completion_submit(*, api_key: ApiKey, request: ChatRequest) -> SubmittedComp
     """Admit the request under the key's tier and limits; raises AdmissionRefused."""
     request_id = str(uuid.uuid4())
     variant = variant_for(conversation_id=completion_id(request_id))
-    tier = api_key.effective_tier
+    tier = Tier(api_key.effective_tier)
     request_submit(
-        request_id=request_id,
-        client_id=api_key.client_id,
-        tier=tier,
-        variant=variant,
-        payload={**request.generation_params(), "disconnect_grace_s": settings.API_DISCONNECT_GRACE_S},
+        job=GenerationJob(
+            request_id=request_id,
+            origin=Origin.API,
+            messages=request.messages,
+            sampling=request.sampling_params(),
+            client_id=api_key.client_id,
+            tier=tier,
+            variant=variant,
+            disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
+        )
     )
     return SubmittedCompletion(
         request_id=request_id,
@@ -95,33 +101,29 @@ async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
     async with result_follower().subscribe(
         variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
     ) as subscription:
-        parts: list[str] = []
-        done = None
+        answer = AnswerFold()
         try:
             async with asyncio.timeout(submitted.wait_limit_s):
-                while done is None:
-                    for event in await subscription.next_batch(submitted.wait_limit_s):
-                        if event.type == "token":
-                            parts.append(event.data["text"])
-                        elif event.type == "reset":
-                            parts.clear()
-                        elif event.type == "error":
-                            raise generation_error(event.data["code"], event.data["message"])
-                        elif event.type == "done":
-                            done = event
-                            break
+                while not answer.finished:
+                    answer.add_all(
+                        event.body for event in await subscription.next_batch(submitted.wait_limit_s)
+                    )
         except TimeoutError:
             await _cancel(submitted.request_id)
             raise _wait_limit_error(submitted) from None
-    if done.data["finish_reason"] == "cancelled":
+    end = answer.end
+    if isinstance(end, Error):
+        raise generation_error(end.code, end.message)
+    assert isinstance(end, Done)
+    if end.finish_reason == "cancelled":
         raise _cancelled()
     return completion_object(
         request_id=submitted.request_id,
         created=submitted.created,
         model=submitted.variant,
-        text="".join(parts),
-        finish_reason=done.data["finish_reason"],
-        usage=done.data.get("usage") or {},
+        text=answer.text,
+        finish_reason=end.finish_reason,
+        usage=end.usage,
     )
 
 
@@ -142,7 +144,7 @@ async def completion_stream(submitted: SubmittedCompletion, *, include_usage: bo
         variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
     ) as subscription:
         yield _json(header.chunk({"role": "assistant", "content": ""}))
-        sent_text = False
+        answer = AnswerFold()
         while True:
             left_s = deadline - loop.time()
             if left_s <= 0:
@@ -155,34 +157,27 @@ async def completion_stream(submitted: SubmittedCompletion, *, include_usage: bo
             except TimeoutError:
                 yield sse_comment("keep-alive")  # proxies close connections that stay silent
                 continue
-            text: list[str] = []
-            for event in events:
-                if event.type == "token":
-                    text.append(event.data["text"])
-                elif event.type == "reset":
-                    if sent_text:
-                        await _cancel(submitted.request_id)
-                        yield _json(_restarted().body())
-                        yield DONE
-                        return
-                    text.clear()
-                elif event.type in {"done", "error"}:
-                    if text:
-                        yield _json(header.chunk({"content": "".join(text)}))
-                    for frame in _closing_frames(header, event):
-                        yield frame
-                    return
+            answer.add_all(event.body for event in events)
+            if answer.restarted_after_sending:
+                await _cancel(submitted.request_id)
+                yield _json(_restarted().body())
+                yield DONE
+                return
+            text = answer.unsent()
             if text:
-                yield _json(header.chunk({"content": "".join(text)}))
-                sent_text = True
+                yield _json(header.chunk({"content": text}))
+            if answer.end is not None:
+                for frame in _closing_frames(header, answer.end):
+                    yield frame
+                return
 
 
-def _closing_frames(header: ChunkHeader, event: ResultEvent) -> list[bytes]:
-    if event.type == "error":
-        return [_json(generation_error(event.data["code"], event.data["message"]).body()), DONE]
-    if event.data["finish_reason"] == "cancelled":
+def _closing_frames(header: ChunkHeader, end: Done | Error) -> list[bytes]:
+    if isinstance(end, Error):
+        return [_json(generation_error(end.code, end.message).body()), DONE]
+    if end.finish_reason == "cancelled":
         return [_json(_cancelled().body()), DONE]
-    frames = [_json(header.chunk({}, event.data["finish_reason"]))]
+    frames = [_json(header.chunk({}, end.finish_reason))]
     if header.include_usage:
-        frames.append(_json(header.usage_chunk(event.data.get("usage") or {})))
+        frames.append(_json(header.usage_chunk(end.usage)))
     return [*frames, DONE]

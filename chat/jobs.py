@@ -22,7 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from functools import partial
-from typing import Any
 from uuid import UUID
 
 import redis
@@ -37,12 +36,21 @@ from chat.openai_shapes import ChatRequest
 from config.celery import app as celery_app
 from scheduler import control, keys
 from scheduler.admission import AdmissionRefused, request_submit
+from scheduler.generation import (
+    AnswerFold,
+    Done,
+    Error,
+    GenerationJob,
+    Origin,
+    SamplingParams,
+    Tier,
+    event_decode,
+)
 from scheduler.redis import sync_redis
 from scheduler.routing import variant_for
 
 logger = logging.getLogger(__name__)
 
-TIER = "batch"
 ACTIVE = (BatchJob.Status.QUEUED, BatchJob.Status.RUNNING)
 UNFINISHED = (BatchJobItem.Status.PENDING, BatchJobItem.Status.SUBMITTED)
 # Named rather than imported: chat.tasks imports this module.
@@ -59,40 +67,58 @@ def _lease() -> timedelta:
 
 
 def _dispatch(job_id: UUID) -> None:
+    # Routed to the batch jobs' own queue (CELERY_TASK_ROUTES), which its own worker consumes.
     celery_app.send_task(JOB_RUN_TASK, args=[str(job_id)])
+
+
+class TooManyActiveJobs(Exception):
+    """The owner already has BATCH_JOB_MAX_ACTIVE_PER_OWNER jobs queued or running."""
 
 
 # --- writes -----------------------------------------------------------------------------------
 
 
 def job_create(*, api_key: ApiKey, requests: list[ChatRequest]) -> BatchJob:
-    """Store the job and its requests; a Celery task starts feeding it once this commits."""
+    """Store the job and its requests; a Celery task starts feeding it once this commits.
+    Raises TooManyActiveJobs."""
     with transaction.atomic():
+        # Locking the owner's row serialises one owner's creations, so two at once cannot both
+        # pass the count below.
+        User.objects.select_for_update().filter(pk=api_key.owner_id).exists()
+        limit = settings.BATCH_JOB_MAX_ACTIVE_PER_OWNER
+        if BatchJob.objects.filter(owner_id=api_key.owner_id, status__in=ACTIVE).count() >= limit:
+            raise TooManyActiveJobs(
+                f"You already have {limit} unfinished jobs; wait for one to finish or cancel one."
+            )
         # The lease keeps the sweep from starting a second task while the first is on its way.
         job = BatchJob.objects.create(
             owner=api_key.owner, api_key=api_key, lease_expires_at=timezone.now() + _lease()
         )
         BatchJobItem.objects.bulk_create(
-            BatchJobItem(job=job, index=n, request=request.generation_params())
+            BatchJobItem(
+                job=job,
+                index=n,
+                request={"messages": request.messages, **request.sampling_params().to_dict()},
+            )
             for n, request in enumerate(requests)
         )
         transaction.on_commit(partial(_dispatch, job.pk))
     return job
 
 
-def job_cancel(*, job: BatchJob) -> bool:
-    """Stop the job now: unanswered requests are cancelled (those in the scheduler too), answers
-    already stored stay. False when the job had already ended."""
+def job_cancel(*, job: BatchJob, status: str = BatchJob.Status.CANCELLED) -> bool:
+    """Stop the job now, ending it with `status`: unanswered requests are cancelled (those in
+    the scheduler too), answers already stored stay. False when the job had already ended."""
     now = timezone.now()
     with transaction.atomic():
         ended = BatchJob.objects.filter(pk=job.pk, status__in=ACTIVE).update(
-            status=BatchJob.Status.CANCELLED, finished_at=now, runner="", lease_expires_at=None
+            status=status, finished_at=now, runner="", lease_expires_at=None
         )
         if not ended:
             return False
         unfinished = job.items.filter(status__in=UNFINISHED)
         request_ids = [
-            str(rid) for rid in unfinished.exclude(request_id=None).values_list("request_id", flat=True)
+            str(rid) for rid in unfinished.exclude(generation_id=None).values_list("generation_id", flat=True)
         ]
         unfinished.update(status=BatchJobItem.Status.CANCELLED, completed_at=now)
     # A request still queued is skipped when a worker claims it; a running one is aborted.
@@ -100,6 +126,14 @@ def job_cancel(*, job: BatchJob) -> bool:
         control.request_cancel(request_id=request_id)
     job.refresh_from_db()
     return True
+
+
+def jobs_stop_for_revoked_key(*, api_key: ApiKey) -> int:
+    """End the unfinished jobs submitted with a key just revoked; returns how many."""
+    return sum(
+        job_cancel(job=job, status=BatchJob.Status.KEY_REVOKED)
+        for job in BatchJob.objects.filter(api_key=api_key, status__in=ACTIVE)
+    )
 
 
 def _lease_take(job_id: UUID, runner: str) -> bool:
@@ -144,9 +178,9 @@ def _item_reserve(item: BatchJobItem) -> bool:
     request_id = uuid.uuid4()
     variant = variant_for(conversation_id=str(request_id))
     reserved = BatchJobItem.objects.filter(
-        pk=item.pk, status=BatchJobItem.Status.PENDING, request_id__isnull=True
-    ).update(request_id=request_id, variant=variant)
-    item.request_id, item.variant = request_id, variant
+        pk=item.pk, status=BatchJobItem.Status.PENDING, generation_id__isnull=True
+    ).update(generation_id=request_id, variant=variant)
+    item.generation_id, item.variant = request_id, variant
     return reserved == 1
 
 
@@ -159,10 +193,17 @@ def _item_mark_submitted(item: BatchJobItem) -> bool:
     )
 
 
-def _item_finish(item_id: int, **result: Any) -> None:
-    # Only a submitted item: a cancelled job's items stay cancelled.
+def _item_finish(item_id: int, *, end: Done | Error) -> None:
+    """The item's answer ended (and is in its generation record: the worker stores it before
+    it publishes the end). Only a submitted item: a cancelled job's items stay cancelled."""
+    if isinstance(end, Error):
+        status = BatchJobItem.Status.FAILED
+    elif end.finish_reason == "cancelled":
+        status = BatchJobItem.Status.CANCELLED
+    else:
+        status = BatchJobItem.Status.COMPLETED
     BatchJobItem.objects.filter(pk=item_id, status=BatchJobItem.Status.SUBMITTED).update(
-        completed_at=timezone.now(), **result
+        status=status, completed_at=timezone.now()
     )
 
 
@@ -174,14 +215,15 @@ class _Followed:
     item_id: int
     stream: str
     cursor: str = "0-0"  # from the start: a resumed task replays what it did not see
-    parts: list[str] = field(default_factory=list)
+    answer: AnswerFold = field(default_factory=AnswerFold)
 
 
 class _JobFeeder:
     def __init__(self, job_id: UUID, runner: str) -> None:
         self.job_id = job_id
         self.runner = runner
-        self.client_id = f"job:{job_id}"
+        # The owner's limits apply to all their jobs together, however many they start.
+        self.client_id = BatchJob.objects.only("owner_id").get(pk=job_id).client_id
         self.redis = sync_redis()
         self.items = BatchJobItem.objects.filter(job_id=job_id)
         self.followed: dict[str, _Followed] = {}  # by result stream key
@@ -211,7 +253,7 @@ class _JobFeeder:
                 time.sleep(1.0)
 
     def _follow(self, item: BatchJobItem) -> None:
-        stream = keys.result(item.variant, str(item.request_id))
+        stream = keys.result(item.variant, str(item.generation_id))
         self.followed[stream] = _Followed(item_id=item.pk, stream=stream)
 
     def _submit_more(self) -> None:
@@ -232,21 +274,26 @@ class _JobFeeder:
 
     def _submit(self, item: BatchJobItem) -> bool:
         """Submit one item; False when it is no longer pending (its job was cancelled)."""
-        if item.request_id is None:
+        if item.generation_id is None:
             if not _item_reserve(item):
                 return False
-        elif self.redis.exists(keys.result(item.variant, str(item.request_id))):
+        elif self.redis.exists(keys.result(item.variant, str(item.generation_id))):
             # Submitted by a task that died before it could record so.
             return _item_mark_submitted(item)
         request_submit(
-            request_id=str(item.request_id),
-            client_id=self.client_id,
-            tier=TIER,
-            variant=item.variant,
-            payload=item.request,
+            job=GenerationJob(
+                request_id=str(item.generation_id),
+                origin=Origin.BATCH,
+                messages=item.request["messages"],
+                sampling=SamplingParams.from_dict(item.request),
+                client_id=self.client_id,
+                tier=Tier.BATCH,
+                variant=item.variant,
+                disconnect_grace_s=None,  # nobody watches a batch request's stream
+            )
         )
         if not _item_mark_submitted(item):
-            control.request_cancel(request_id=str(item.request_id))
+            control.request_cancel(request_id=str(item.generation_id))
             return False
         return True
 
@@ -260,36 +307,11 @@ class _JobFeeder:
             followed = self.followed[stream]
             for entry_id, fields in entries:
                 followed.cursor = entry_id
-                if self._apply(followed, fields["type"], json.loads(fields["data"])):
+                followed.answer.add(event_decode(fields["type"], json.loads(fields["data"])))
+                if followed.answer.end is not None:
+                    _item_finish(followed.item_id, end=followed.answer.end)
                     del self.followed[stream]
                     break
-
-    def _apply(self, followed: _Followed, kind: str, data: dict[str, Any]) -> bool:
-        """Take one result event; True when the item's answer has ended and is stored."""
-        if kind == "token":
-            followed.parts.append(data["text"])
-        elif kind == "reset":
-            followed.parts.clear()  # a worker died; the answer restarts from scratch
-        elif kind == "done":
-            usage = data.get("usage") or {}
-            cancelled = data["finish_reason"] == "cancelled"
-            _item_finish(
-                followed.item_id,
-                status=BatchJobItem.Status.CANCELLED if cancelled else BatchJobItem.Status.COMPLETED,
-                content="".join(followed.parts),
-                finish_reason=data["finish_reason"],
-                prompt_tokens=usage.get("prompt_tokens"),
-                completion_tokens=usage.get("completion_tokens"),
-            )
-        elif kind == "error":
-            _item_finish(
-                followed.item_id,
-                status=BatchJobItem.Status.FAILED,
-                content="".join(followed.parts),
-                error_code=data["code"],
-                error_message=data["message"],
-            )
-        return kind in {"done", "error"}
 
 
 def job_feed(*, job_id: UUID, budget_s: float, stop_requested: Callable[[], bool] = lambda: False) -> bool:
@@ -321,7 +343,7 @@ def job_progress(*, job: BatchJob) -> dict[str, int]:
 
 
 def job_items(*, job: BatchJob) -> QuerySet[BatchJobItem]:
-    return job.items.order_by("index")
+    return job.items.select_related("generation").order_by("index")
 
 
 def job_ids_stalled() -> list[UUID]:

@@ -1,17 +1,38 @@
-"""Accounts (with their tier), conversations and messages."""
+"""Accounts (with their tier), conversations and messages, API keys and batch jobs.
+
+Answers are not stored here: an assistant message and a batch item link to the scheduler's
+record of their generation (scheduler.models.Generation) by request id. The link has no
+database constraint because the record is made by admission, after the chat's own rows.
+"""
 
 import uuid
 
 from django.contrib.auth.models import AbstractUser
 from django.db import models
 
+from scheduler.generation import Tier
+from scheduler.models import Generation
+
+# A customer's tier; batch is the tier of batch jobs, not of accounts.
+ACCOUNT_TIERS = (Tier.NORMAL, Tier.VIP)
+ACCOUNT_TIER_CHOICES = [(tier.value, tier.label) for tier in ACCOUNT_TIERS]
+
+
+def _generation_link(related_name: str) -> models.OneToOneField:
+    return models.OneToOneField(
+        Generation,
+        to_field="request_id",
+        db_column="request_id",
+        db_constraint=False,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name=related_name,
+    )
+
 
 class User(AbstractUser):
-    class Tier(models.TextChoices):
-        NORMAL = "normal", "Normal"
-        VIP = "vip", "VIP"
-
-    tier = models.CharField(max_length=16, choices=Tier.choices, default=Tier.NORMAL)
+    tier = models.CharField(max_length=16, choices=ACCOUNT_TIER_CHOICES, default=Tier.NORMAL)
 
 
 class Conversation(models.Model):
@@ -32,42 +53,21 @@ class Message(models.Model):
         USER = "user", "User"
         ASSISTANT = "assistant", "Assistant"
 
-    class Status(models.TextChoices):
-        PENDING = "pending", "Pending"  # queued or generating
-        DONE = "done", "Done"
-        CANCELLED = "cancelled", "Cancelled"
-        ERROR = "error", "Error"
-
     class Feedback(models.IntegerChoices):
         UP = 1, "Thumbs up"
         DOWN = -1, "Thumbs down"
 
     conversation = models.ForeignKey(Conversation, related_name="messages", on_delete=models.CASCADE)
     role = models.CharField(max_length=16, choices=Role.choices)
-    content = models.TextField(blank=True)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.DONE)
-    # Assistant messages only: the generation request that writes them.
-    request_id = models.UUIDField(null=True, blank=True, unique=True)
-    variant = models.CharField(max_length=64, blank=True)
-    engine = models.CharField(max_length=128, blank=True)  # e.g. "simulated", "vllm:SmolLM2-..."
-    finish_reason = models.CharField(max_length=32, blank=True)
-    error_code = models.CharField(max_length=32, blank=True)
-    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
-    output_tokens = models.PositiveIntegerField(null=True, blank=True)
-    ttft_ms = models.FloatField(null=True, blank=True)
-    duration_ms = models.FloatField(null=True, blank=True)
+    content = models.TextField(blank=True)  # user messages; an answer's text is its generation's
+    # Assistant messages only: the generation that writes the answer.
+    generation = _generation_link("message")
     # The asker's thumbs on a finished answer; the canary compares variants by it.
     feedback = models.SmallIntegerField(choices=Feedback.choices, null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
-    completed_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["created_at", "id"]
-        indexes = [
-            models.Index(fields=["conversation", "status"]),
-            # The canary's per-variant numbers over a recent window.
-            models.Index(fields=["variant", "completed_at"]),
-        ]
 
 
 class ApiKey(models.Model):
@@ -79,7 +79,7 @@ class ApiKey(models.Model):
     prefix = models.CharField(max_length=16, unique=True)
     key_hash = models.CharField(max_length=64, unique=True)
     # Empty: the owner's tier, so a customer promoted to VIP brings their keys along.
-    tier = models.CharField(max_length=16, choices=User.Tier.choices, blank=True)
+    tier = models.CharField(max_length=16, choices=ACCOUNT_TIER_CHOICES, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
@@ -109,6 +109,8 @@ class BatchJob(models.Model):
         RUNNING = "running", "Running"
         COMPLETED = "completed", "Completed"
         CANCELLED = "cancelled", "Cancelled"
+        # Stopped because its API key was revoked: what was unanswered is cancelled.
+        KEY_REVOKED = "key_revoked", "Key revoked"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     owner = models.ForeignKey(User, related_name="batch_jobs", on_delete=models.CASCADE)
@@ -126,6 +128,12 @@ class BatchJob(models.Model):
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["status", "lease_expires_at"])]
 
+    @property
+    def client_id(self) -> str:
+        """Who admission's per-client limits count against: the owner, across all their jobs.
+        Not `user:<id>`, whose in-flight requests are the owner's chat answers."""
+        return f"jobs:{self.owner_id}"
+
 
 class BatchJobItem(models.Model):
     """One chat request of a job and, once answered, its result."""
@@ -139,17 +147,12 @@ class BatchJobItem(models.Model):
 
     job = models.ForeignKey(BatchJob, related_name="items", on_delete=models.CASCADE)
     index = models.PositiveIntegerField()
-    request = models.JSONField()  # the validated generation parameters (messages, max_tokens...)
-    # Set before the request is submitted, so a resumed job finds it again instead of asking twice.
-    request_id = models.UUIDField(null=True, blank=True, unique=True)
-    variant = models.CharField(max_length=64, blank=True)
+    request = models.JSONField()  # the validated request: messages and sampling parameters
+    # Set before the request is submitted, so a resumed job finds it again instead of asking
+    # twice; the answer is read through it.
+    generation = _generation_link("batch_item")
+    variant = models.CharField(max_length=64, blank=True)  # routed when the id is reserved
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    content = models.TextField(blank=True)
-    finish_reason = models.CharField(max_length=32, blank=True)
-    error_code = models.CharField(max_length=32, blank=True)
-    error_message = models.TextField(blank=True)
-    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
-    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
     submitted_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)
 

@@ -17,9 +17,13 @@ from django.http import JsonResponse
 
 from chat.models import BatchJob, BatchJobItem
 from scheduler.admission import AdmissionRefused
+from scheduler.generation import SamplingParams, Usage
+from scheduler.prompt import ChatTemplateError, prompt_token_count
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP_SEQUENCES = 4
+# vLLM needs top_p above 0; 0 would mean "no token at all".
+MIN_TOP_P = 1e-6
 # Parameters we cannot apply, with the values that mean "not used".
 _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
     "n": (None, 1),
@@ -113,15 +117,10 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
 
-    def generation_params(self) -> dict[str, Any]:
-        """What the inference worker reads from a job's payload."""
-        return {
-            "messages": self.messages,
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "stop": self.stop,
-        }
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, stop=tuple(self.stop)
+        )
 
 
 def _is_number(value: Any) -> bool:
@@ -146,14 +145,17 @@ def _content_text(content: Any, param: str) -> str:
 
 
 def _messages(raw: Any, param: str) -> list[dict[str, str]]:
-    if not isinstance(raw, list) or not raw:
-        raise invalid("`messages` must be a non-empty list.", param)
+    limit = settings.API_MAX_MESSAGES
+    if not isinstance(raw, list) or not 1 <= len(raw) <= limit:
+        raise invalid(f"`messages` must be a list of 1 to {limit} messages.", param)
     messages = []
     for n, message in enumerate(raw):
         where = f"{param}[{n}]"
         if not isinstance(message, dict):
             raise invalid("Each message must be an object with `role` and `content`.", where)
         role = message.get("role")
+        if not isinstance(role, str):
+            raise invalid(f"`role` must be one of {', '.join(ROLES)}.", f"{where}.role")
         if role in {"tool", "function"} or message.get("tool_calls"):
             raise invalid("Tools (function calling) are not supported.", f"{where}.role")
         if role not in ROLES:
@@ -161,7 +163,31 @@ def _messages(raw: Any, param: str) -> list[dict[str, str]]:
         messages.append(
             {"role": ROLES[role], "content": _content_text(message.get("content"), f"{where}.content")}
         )
+    chars = sum(len(message["content"]) for message in messages)
+    if chars > settings.API_MAX_PROMPT_CHARS:
+        raise invalid(
+            f"The messages hold {chars} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted.",
+            param,
+        )
     return messages
+
+
+def _context_check(messages: list[dict[str, str]], max_tokens: int, param: str) -> None:
+    """Refuse, before it is queued, a prompt that the model's context cannot hold with its answer."""
+    try:
+        prompt_tokens = prompt_token_count(messages, model_path=settings.INFERENCE_MODEL)
+    except ChatTemplateError as exc:
+        raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
+    context = settings.INFERENCE_MAX_MODEL_LEN
+    if prompt_tokens + max_tokens > context:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in "
+            "the completion). Please reduce the length of the messages or completion.",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def _max_tokens(data: dict[str, Any], param: str) -> int:
@@ -170,6 +196,8 @@ def _max_tokens(data: dict[str, Any], param: str) -> int:
     if value is None:
         return settings.GENERATION_MAX_TOKENS
     limit = settings.INFERENCE_MAX_MODEL_LEN
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has one number type: 64.0 is the integer 64
     if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
         raise invalid(f"`{name}` must be an integer from 1 to {limit}.", param + name)
     return value
@@ -216,12 +244,14 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", allow_stream: bool 
         raise invalid(
             "`stream_options` is only allowed with `stream: true`.", param_prefix + "stream_options"
         )
+    messages = _messages(data.get("messages"), param_prefix + "messages")
+    max_tokens = _max_tokens(data, param_prefix)
+    _context_check(messages, max_tokens, param_prefix + "messages")
     return ChatRequest(
-        messages=_messages(data.get("messages"), param_prefix + "messages"),
-        max_tokens=_max_tokens(data, param_prefix),
+        messages=messages,
+        max_tokens=max_tokens,
         temperature=_bounded(data, "temperature", settings.GENERATION_TEMPERATURE, 0.0, 2.0, param_prefix),
-        # vLLM needs top_p above 0; 0 would mean "no token at all".
-        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, 1e-6, 1.0, param_prefix),
+        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, MIN_TOP_P, 1.0, param_prefix),
         stop=_stop(data.get("stop"), param_prefix + "stop"),
         stream=stream,
         include_usage=bool((stream_options or {}).get("include_usage")),
@@ -235,9 +265,8 @@ def completion_id(request_id: str) -> str:
     return "chatcmpl-" + request_id.replace("-", "")
 
 
-def usage_object(usage: dict[str, int]) -> dict[str, int]:
-    prompt = int(usage.get("prompt_tokens") or 0)
-    completion = int(usage.get("completion_tokens") or 0)
+def usage_object(usage: Usage) -> dict[str, int]:
+    prompt, completion = usage.prompt_tokens, usage.completion_tokens
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -248,7 +277,7 @@ def completion_object(
     model: str,
     text: str,
     finish_reason: str,
-    usage: dict[str, int],
+    usage: Usage,
 ) -> dict[str, Any]:
     return {
         "id": completion_id(request_id),
@@ -293,7 +322,7 @@ class ChunkHeader:
             chunk["usage"] = None  # OpenAI: null on every chunk but the last
         return chunk
 
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self.chunk(None), "usage": usage_object(usage)}
 
 
@@ -329,16 +358,23 @@ def _timestamp(moment: datetime | None) -> int | None:
 def _item_result(item: BatchJobItem) -> dict[str, Any]:
     result: dict[str, Any] = {"index": item.index, "status": item.status, "response": None, "error": None}
     if item.status == BatchJobItem.Status.COMPLETED:
+        answer = item.generation
         result["response"] = completion_object(
-            request_id=str(item.request_id),
-            created=_timestamp(item.completed_at) or 0,
-            model=item.variant,
-            text=item.content,
-            finish_reason=item.finish_reason,
-            usage={"prompt_tokens": item.prompt_tokens, "completion_tokens": item.completion_tokens},
+            request_id=str(item.generation_id),
+            created=_timestamp(answer.finished_at) or 0,
+            model=answer.variant,
+            text=answer.text,
+            finish_reason=answer.finish_reason,
+            usage=Usage(answer.prompt_tokens or 0, answer.completion_tokens or 0),
         )
     elif item.status == BatchJobItem.Status.FAILED:
-        result["error"] = {"code": item.error_code, "message": item.error_message}
+        answer = item.generation
+        result["error"] = {"code": answer.error_code, "message": answer.error_message}
+    elif item.status == BatchJobItem.Status.CANCELLED and item.job.status == BatchJob.Status.KEY_REVOKED:
+        result["error"] = {
+            "code": "key_revoked",
+            "message": "The job's API key was revoked before this request was answered.",
+        }
     elif item.status == BatchJobItem.Status.CANCELLED:
         result["error"] = {
             "code": "cancelled",

@@ -13,9 +13,10 @@ import redis
 from django.conf import settings
 
 from chat.sse import sse_comment, sse_event, sse_retry
+from scheduler.generation import TERMINAL_EVENTS, Queued, Start, Tier, event_data
 from scheduler.queues import claimed_through, queue_state_async
 from scheduler.redis import async_redis
-from scheduler.results import TERMINAL_EVENTS, ResultEvent, result_follower
+from scheduler.results import ResultEvent, result_follower
 
 SNAPSHOT_S = 1.0
 # How soon a browser whose stream broke reconnects (SSE `retry:`).
@@ -49,12 +50,11 @@ async def _queued_status(variant: str, tier: str, seq: int) -> dict:
     return {"state": "queued", "position": position, "eta_s": round(position / drain_rate_per_s, 1)}
 
 
-def _sse_for(event: ResultEvent) -> bytes | None:
-    if event.type == "start":
+def _sse_for(event: ResultEvent) -> bytes:
+    """Result events are the browser's events, but for `start`, which it sees as a status."""
+    if isinstance(event.body, Start):
         return sse_event("status", {"state": "running"}, event.id)
-    if event.type in {"token", "reset", "done", "error"}:
-        return sse_event(event.type, event.data, event.id)
-    return None
+    return sse_event(event.type, event_data(event.body), event.id)
 
 
 async def relay_events(*, variant: str, request_id: str, after_id: str) -> AsyncIterator[bytes]:
@@ -64,7 +64,7 @@ async def relay_events(*, variant: str, request_id: str, after_id: str) -> Async
         variant=variant, request_id=request_id, after_id=after_id
     ) as subscription:
         yield sse_retry(RECONNECT_MS)
-        queued: tuple[str, int] | None = None  # (tier, seq) while waiting in the queue
+        queued: tuple[Tier, int] | None = None  # (tier, seq) while waiting in the queue
         last_write = last_status = time.monotonic()
         while True:
             now = time.monotonic()
@@ -85,16 +85,14 @@ async def relay_events(*, variant: str, request_id: str, after_id: str) -> Async
                 continue
             frames: list[bytes] = []
             for event in events:
-                if event.type == "queued":
-                    queued = (event.data["tier"], int(event.data["seq"]))
+                if isinstance(event.body, Queued):
+                    queued = (event.body.tier, event.body.seq)
                     frames.append(sse_event("status", await _queued_status(variant, *queued), event.id))
                     last_status = time.monotonic()
                     continue
-                if event.type == "start":
+                if isinstance(event.body, Start):
                     queued = None
-                frame = _sse_for(event)
-                if frame is not None:
-                    frames.append(frame)
+                frames.append(_sse_for(event))
                 if event.type in TERMINAL_EVENTS:
                     yield b"".join(frames)
                     return

@@ -53,16 +53,18 @@ def conversation_list(
 def conversation_messages(*, conversation: Conversation) -> QuerySet[Message]:
     if conversation._state.adding:  # a new conversation, saved with its first message
         return Message.objects.none()
-    return conversation.messages.all()
+    return conversation.messages.select_related("generation")
 
 
 def assistant_message_get(*, request_id: UUID, user: User | None, session_key: str | None) -> Message:
     """Raises Message.DoesNotExist for unknown request ids and for other clients' requests."""
     owned = _owned_by(user, session_key, via="conversation__")
-    return Message.objects.get(owned, request_id=request_id, role=Message.Role.ASSISTANT)
+    return Message.objects.select_related("generation").get(
+        owned, generation_id=request_id, role=Message.Role.ASSISTANT
+    )
 
 
 def assistant_message_owned(*, message_id: int, user: User | None, session_key: str | None) -> Message:
     """Raises Message.DoesNotExist for unknown ids and for other clients' answers."""
     owned = _owned_by(user, session_key, via="conversation__")
-    return Message.objects.get(owned, pk=message_id, role=Message.Role.ASSISTANT)
+    return Message.objects.select_related("generation").get(owned, pk=message_id, role=Message.Role.ASSISTANT)

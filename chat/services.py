@@ -10,12 +10,16 @@ from uuid import UUID
 from django.conf import settings
 from django.contrib.sessions.models import Session
 from django.db import IntegrityError, transaction
+from django.db.models import Q, QuerySet
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 from chat.models import Conversation, Message, User
 from scheduler import control
 from scheduler.admission import Admission, request_submit
+from scheduler.generation import GenerationJob, Origin, SamplingParams, Tier
+from scheduler.models import Generation
 from scheduler.routing import variant_for
 
 
@@ -90,18 +94,19 @@ def _prompt_messages(conversation: Conversation, text: str) -> list[dict[str, st
     """The system prompt, as much recent history as fits the budget, then the new message:
     the prompt must leave room for the answer inside the model's context."""
     recent = (
-        conversation.messages.filter(status=Message.Status.DONE)
-        .exclude(content="")
+        conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
+        .annotate(text=Coalesce("generation__text", "content"))
+        .exclude(text="")
         .order_by("-created_at", "-id")
-        .values("role", "content")[: settings.CHAT_HISTORY_MESSAGES]
+        .values("role", "text")[: settings.CHAT_HISTORY_MESSAGES]
     )
     history: list[dict[str, str]] = []
     budget = settings.CHAT_HISTORY_MAX_CHARS
     for message in recent:
-        budget -= len(message["content"])
+        budget -= len(message["text"])
         if budget < 0:
             break
-        history.append(message)
+        history.append({"role": message["role"], "content": message["text"]})
     history.reverse()
     return [
         {"role": "system", "content": settings.CHAT_SYSTEM_PROMPT},
@@ -114,7 +119,7 @@ def message_post(
     *,
     conversation: Conversation,
     text: str,
-    tier: str,
+    tier: Tier,
     client_id: str,
     client_address: str | None = None,
 ) -> PostedMessage:
@@ -131,34 +136,25 @@ def message_post(
     if is_new:
         _conversation_insert(conversation)
     with transaction.atomic():
-        if conversation.messages.filter(status=Message.Status.PENDING).exists():
+        if _unfinished_answers(conversation).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
-        payload = {
-            "messages": _prompt_messages(conversation, text),
-            "max_tokens": settings.GENERATION_MAX_TOKENS,
-            "temperature": settings.GENERATION_TEMPERATURE,
-            "top_p": settings.GENERATION_TOP_P,
-            "conversation_id": str(conversation.pk),
-            "disconnect_grace_s": settings.STREAM_DISCONNECT_GRACE_S,
-        }
+        job = GenerationJob(
+            request_id=str(request_id),
+            origin=Origin.CHAT,
+            messages=_prompt_messages(conversation, text),
+            sampling=SamplingParams.defaults(),
+            client_id=client_id,
+            tier=Tier(tier),
+            variant=variant,
+            disconnect_grace_s=settings.STREAM_DISCONNECT_GRACE_S,
+        )
         user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER, content=text)
         assistant_message = Message.objects.create(
-            conversation=conversation,
-            role=Message.Role.ASSISTANT,
-            status=Message.Status.PENDING,
-            request_id=request_id,
-            variant=variant,
+            conversation=conversation, role=Message.Role.ASSISTANT, generation_id=request_id
         )
         Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     try:
-        admission = request_submit(
-            request_id=str(request_id),
-            client_id=client_id,
-            tier=tier,
-            variant=variant,
-            payload=payload,
-            client_address=client_address,
-        )
+        admission = request_submit(job=job, client_address=client_address)
     except Exception:
         Message.objects.filter(pk__in=[user_message.pk, assistant_message.pk]).delete()
         if is_new:
@@ -167,48 +163,25 @@ def message_post(
     return PostedMessage(user_message, assistant_message, admission)
 
 
+def _unfinished_answers(conversation: Conversation) -> QuerySet[Message]:
+    """Answers still queued or generating; one whose record admission has not written yet
+    (the moment between this post's commit and its admission) counts as unfinished too."""
+    return conversation.messages.filter(role=Message.Role.ASSISTANT).filter(
+        Q(generation__status=Generation.Status.PENDING) | Q(generation__pk__isnull=True)
+    )
+
+
 def request_cancel(*, message: Message) -> bool:
     """Ask the workers to stop this answer. False when it had already finished."""
-    if message.status != Message.Status.PENDING:
+    if message.generation.status != Generation.Status.PENDING:
         return False
-    control.request_cancel(request_id=str(message.request_id))
+    control.request_cancel(request_id=str(message.generation_id))
     return True
-
-
-def assistant_message_finish(
-    *,
-    request_id: str,
-    content: str,
-    status: str,
-    finish_reason: str = "",
-    error_code: str = "",
-    usage: dict[str, int] | None = None,
-    timings: dict[str, float] | None = None,
-) -> bool:
-    """Store the final answer. Idempotent on request_id: a replayed finish changes nothing.
-
-    Returns False when the message was already finished (or no longer exists).
-    """
-    usage = usage or {}
-    timings = timings or {}
-    updated = Message.objects.filter(request_id=request_id, status=Message.Status.PENDING).update(
-        content=content,
-        status=status,
-        finish_reason=finish_reason,
-        error_code=error_code,
-        prompt_tokens=usage.get("prompt_tokens"),
-        output_tokens=usage.get("completion_tokens"),
-        engine=timings.get("engine", ""),
-        ttft_ms=timings.get("ttft_ms"),
-        duration_ms=timings.get("duration_ms"),
-        completed_at=timezone.now(),
-    )
-    return updated == 1
 
 
 def message_feedback_set(*, message: Message, feedback: Message.Feedback) -> Message:
     """Record the asker's thumbs up or down on an answer; a second vote replaces the first."""
-    if message.role != Message.Role.ASSISTANT or message.status != Message.Status.DONE:
+    if message.role != Message.Role.ASSISTANT or message.generation.status != Generation.Status.DONE:
         raise FeedbackRejected("Only a finished answer can be rated.")
     message.feedback = feedback
     message.save(update_fields=["feedback"])

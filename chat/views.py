@@ -25,11 +25,12 @@ from django.utils.crypto import salted_hmac
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from chat import login_throttle, selectors, services
+from chat import guests, login_throttle, selectors, services
 from chat.models import Conversation, Message, User
 from chat.relay import relay_events
 from chat.sse import SSE_HEADERS
 from scheduler.admission import AdmissionRefused
+from scheduler.generation import Tier
 from scheduler.results import parse_event_id
 
 logger = logging.getLogger(__name__)
@@ -39,25 +40,19 @@ class HtmxHttpRequest(HttpRequest):
     htmx: HtmxDetails
 
 
-def _session_key(request: HttpRequest) -> str:
-    """Guests are identified by their session; make sure they have one. Only what a guest posts
-    calls this: a visit alone stores nothing."""
-    if not request.session.session_key:
-        request.session.save()
-    return request.session.session_key or ""
-
-
 def _client(request: HttpRequest) -> tuple[User | None, str]:
-    user = request.user if request.user.is_authenticated else None
-    return user, request.session.session_key or ""
+    """The signed-in customer, or the key of the guest (empty for a guest not yet seen)."""
+    if request.user.is_authenticated:
+        return request.user, ""
+    return None, guests.guest_key_known(request)
 
 
 def _client_id(request: HttpRequest) -> str:
-    """Who admission's per-client limits count against. A guest's session key would sign them
-    in as that guest, so Redis keys and job payloads carry a keyed hash of it instead."""
+    """Who admission's per-client limits count against. A guest's key opens their
+    conversations, so Redis keys and job payloads carry a keyed hash of it instead."""
     if request.user.is_authenticated:
         return f"user:{request.user.pk}"
-    digest = salted_hmac("chat.guest-client-id", _session_key(request), algorithm="sha256").hexdigest()
+    digest = salted_hmac("chat.guest-client-id", guests.guest_key(request), algorithm="sha256").hexdigest()
     return f"guest:{digest[:32]}"
 
 
@@ -91,7 +86,7 @@ def _guest_address(request: HttpRequest) -> str | None:
 
 
 def _tier(request: HttpRequest) -> str:
-    return request.user.tier if request.user.is_authenticated else User.Tier.NORMAL
+    return request.user.tier if request.user.is_authenticated else Tier.NORMAL
 
 
 def _wants_json(request: HtmxHttpRequest) -> bool:
@@ -119,6 +114,8 @@ def _conversation_or_404(request: HttpRequest, conversation_id: UUID) -> Convers
 
 
 def _render_page(request: HtmxHttpRequest, conversation: Conversation) -> HttpResponse:
+    if not request.user.is_authenticated:
+        guests.guest_key(request)  # the page's posts, however many at once, share this key
     user, session_key = _client(request)
     return render(
         request,
@@ -136,6 +133,7 @@ def _render_page(request: HtmxHttpRequest, conversation: Conversation) -> HttpRe
 
 
 @require_GET
+@guests.remembering
 def home(request: HtmxHttpRequest) -> HttpResponse:
     user, session_key = _client(request)
     conversation = selectors.conversation_latest(user=user, session_key=session_key)
@@ -147,6 +145,7 @@ def home(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_GET
+@guests.remembering
 def conversation_page(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
     return _render_page(request, _conversation_or_404(request, conversation_id))
 
@@ -162,13 +161,14 @@ def conversation_new(request: HtmxHttpRequest) -> HttpResponse:
 
 
 @require_POST
+@guests.remembering
 def message_post(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
     try:
         conversation = _conversation_or_404(request, conversation_id)
     except Http404:
         return _error(404, "not_found", "This conversation does not exist.")
     if conversation._state.adding and not request.user.is_authenticated:
-        conversation.session_key = _session_key(request)  # a guest's first message: now a session
+        conversation.session_key = guests.guest_key(request)  # a guest's first message
     try:
         posted = services.message_post(
             conversation=conversation,
@@ -255,7 +255,7 @@ async def stream(request: HttpRequest, request_id: UUID) -> HttpResponse:
     except Message.DoesNotExist as exc:
         raise Http404("No such request.") from exc
     events = relay_events(
-        variant=message.variant,
+        variant=message.generation.variant,
         request_id=str(request_id),
         after_id=parse_event_id(request.headers.get("Last-Event-ID")),
     )

@@ -158,6 +158,11 @@ CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # overloaded, behind a dead network path) waits for ever, and so does a warm shutdown.
 CELERY_BROKER_TRANSPORT_OPTIONS = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
+# Batch job slices run for a minute each on their own queue and worker (`celery worker -Q
+# batch-jobs`): however many jobs there are, the periodic tasks on the default queue (canary
+# rollback, reclaim, retention) never wait behind them.
+BATCH_JOBS_CELERY_QUEUE = "batch-jobs"
+CELERY_TASK_ROUTES = {"chat.tasks.job_run": {"queue": BATCH_JOBS_CELERY_QUEUE}}
 
 # --- chat -------------------------------------------------------------------------------
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 4000)
@@ -188,7 +193,16 @@ PROXY_READ_TIMEOUT_S = env_float("PROXY_READ_TIMEOUT_S", 600.0)
 # An API call whose client went away is cancelled after this long (0: at once). Unlike a
 # browser, code that dropped a connection does not come back to the same stream.
 API_DISCONNECT_GRACE_S = env_float("API_DISCONNECT_GRACE_S", 30.0)
+# Caps on what one call may send: the body (a job's too), the messages of one chat request and
+# their characters. Beyond these, a prompt must still fit the model's context with its answer.
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 2 * 1024 * 1024)
+API_MAX_MESSAGES = env_int("API_MAX_MESSAGES", 128)
+API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 32000)
+# Django refuses a body above this before any view sees it: never below the API's own cap.
+DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, 2_621_440)
 BATCH_JOB_MAX_REQUESTS = env_int("BATCH_JOB_MAX_REQUESTS", 1000)
+# Unfinished jobs one account may have; more are refused with 429.
+BATCH_JOB_MAX_ACTIVE_PER_OWNER = env_int("BATCH_JOB_MAX_ACTIVE_PER_OWNER", 4)
 # Requests of one job in the scheduler at once: bounds what a job draws from the global rate
 # limit and the batch queue, so that jobs interleave and a cancel has little to recall.
 BATCH_JOB_MAX_IN_FLIGHT = env_int("BATCH_JOB_MAX_IN_FLIGHT", 16)

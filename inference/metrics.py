@@ -23,6 +23,7 @@ from prometheus_client.exposition import ThreadingWSGIServer
 
 from scheduler import keys
 from scheduler.metrics import scrape_refusal
+from scheduler.services import GenerationOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -86,29 +87,29 @@ JOBS_DEAD_LETTERED = Counter(
 _HISTOGRAMS = (QUEUE_WAIT, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, END_TO_END_LATENCY, OUTPUT_TOKENS)
 
 
-def answer_observe(
-    *, variant: str, tier: str, outcome: str, timings: dict[str, Any] | None, output_tokens: int
-) -> None:
-    """Record one ended answer; `timings` are the worker's (ms), absent when none ran.
+def answer_observe(*, variant: str, tier: str, outcome: GenerationOutcome) -> None:
+    """Record one ended answer; its timings (ms) are absent when no generation ran.
 
     Inter-token latency is the answer's mean rather than one sample per token: it costs one
     observation per answer instead of a call on the per-token path, and it is the streaming
     speed the user saw (a stall inside one answer shows in its end-to-end latency instead).
     """
-    GENERATIONS.labels(variant, tier, outcome).inc()
-    if not timings:
+    GENERATIONS.labels(variant, tier, outcome.error_code or outcome.status).inc()
+    timings = outcome.timings
+    if timings is None:
         return
     labels = (variant, tier)
-    QUEUE_WAIT.labels(*labels).observe(max(0.0, timings["queue_ms"] / 1000))
-    ttft_ms = timings.get("ttft_ms")
+    QUEUE_WAIT.labels(*labels).observe(max(0.0, timings.queue_ms / 1000))
+    ttft_ms = timings.ttft_ms
     if ttft_ms is not None:
         TIME_TO_FIRST_TOKEN.labels(*labels).observe(ttft_ms / 1000)
-    if outcome != "done":
+    if outcome.status != "done":
         return  # a cut-short answer's duration and length say nothing about speed
-    END_TO_END_LATENCY.labels(*labels).observe((timings["queue_ms"] + timings["duration_ms"]) / 1000)
+    output_tokens = outcome.usage.completion_tokens
+    END_TO_END_LATENCY.labels(*labels).observe((timings.queue_ms + timings.duration_ms) / 1000)
     OUTPUT_TOKENS.labels(*labels).observe(output_tokens)
     if ttft_ms is not None and output_tokens > 1:
-        itl_s = (timings["duration_ms"] - ttft_ms) / 1000 / (output_tokens - 1)
+        itl_s = (timings.duration_ms - ttft_ms) / 1000 / (output_tokens - 1)
         INTER_TOKEN_LATENCY.labels(*labels).observe(itl_s)
 
 

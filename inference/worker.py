@@ -24,17 +24,30 @@ import redis
 from channels.db import database_sync_to_async
 from django.conf import settings
 
-from chat import services as chat_services
-from chat.models import Message
 from inference import metrics as worker_metrics
 from inference.engines import build_engine
 from inference.engines.base import Delta, Engine, EngineDeadError, EngineRequestError, GenerationRequest
 from scheduler import control, timeseries, workers
 from scheduler.admission import request_finished
+from scheduler.generation import (
+    TERMINAL_EVENTS,
+    Done,
+    Error,
+    EventBody,
+    Queued,
+    Reset,
+    Start,
+    Tier,
+    Timings,
+    Token,
+    Usage,
+)
+from scheduler.models import Generation
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import async_redis
-from scheduler.results import TERMINAL_EVENTS, ResultPublisher, abandoned_request_ids, last_event_type
+from scheduler.results import ResultPublisher, abandoned_request_ids, last_event_type
 from scheduler.rules import lease_renewal_s
+from scheduler.services import GenerationOutcome, generation_finish
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +74,6 @@ class WorkerConfig:
     service_time_prior_s: float
     normal_aging_s: float
     batch_max_slots: int
-    disconnect_grace_s: float
 
     @classmethod
     def from_settings(cls) -> WorkerConfig:
@@ -76,7 +88,6 @@ class WorkerConfig:
             service_time_prior_s=settings.SERVICE_TIME_PRIOR_S,
             normal_aging_s=settings.NORMAL_AGING_S,
             batch_max_slots=settings.BATCH_MAX_SLOTS,
-            disconnect_grace_s=settings.STREAM_DISCONNECT_GRACE_S,
         )
 
 
@@ -187,18 +198,18 @@ class InferenceWorker:
 
     # --- claiming ----------------------------------------------------------------------------
 
-    def _room(self) -> dict[str, int]:
+    def _room(self) -> dict[Tier, int]:
         """How many more jobs of each tier may start now: VIP may use every free slot; normal
         and batch together leave `vip_reserved_slots` free; batch never holds more than
         `batch_max_slots`."""
         free = self.slots - len(self.running)
-        not_vip = sum(1 for r in self.running.values() if r.job.tier != "vip")
-        batch = sum(1 for r in self.running.values() if r.job.tier == "batch")
+        not_vip = sum(1 for r in self.running.values() if r.job.tier != Tier.VIP)
+        batch = sum(1 for r in self.running.values() if r.job.tier == Tier.BATCH)
         normal_room = max(0, min(free, self.slots - self.config.vip_reserved_slots - not_vip))
         return {
-            "vip": free,
-            "normal": normal_room,
-            "batch": max(0, min(normal_room, self.config.batch_max_slots - batch)),
+            Tier.VIP: free,
+            Tier.NORMAL: normal_room,
+            Tier.BATCH: max(0, min(normal_room, self.config.batch_max_slots - batch)),
         }
 
     async def _claim_loop(self) -> None:
@@ -253,8 +264,8 @@ class InferenceWorker:
 
     # --- serving one job ------------------------------------------------------------------------
 
-    def _emit(self, job: Job, kind: str, data: dict) -> asyncio.Future[None]:
-        return self.publisher.emit(job.variant, job.request_id, kind, data)
+    def _emit(self, job: Job, body: EventBody) -> asyncio.Future[None]:
+        return self.publisher.emit(job.variant, job.request_id, body)
 
     async def _serve(self, entry: _Running) -> None:
         job = entry.job
@@ -288,30 +299,33 @@ class InferenceWorker:
         previous = await last_event_type(self.queue.client, variant=job.variant, request_id=job.request_id)
         if previous in TERMINAL_EVENTS:
             return  # finished before the previous worker could acknowledge it
-        if previous != "queued":
+        if previous != Queued.type:
             # A worker that died or drained had started it: the client starts the answer over.
-            self._emit(job, "reset", {"reason": "worker_restarted", "attempt": job.attempt})
+            self._emit(job, Reset(reason="worker_restarted", attempt=job.attempt))
         if entry.cancel_requested:
-            await self._finish(job, text="", status=Message.Status.CANCELLED, finish_reason="cancelled")
+            await self._finish(
+                job, GenerationOutcome(status=Generation.Status.CANCELLED, finish_reason="cancelled")
+            )
             return
         if job.attempt == 1 and time.time() > job.deadline:
             await self._finish(
                 job,
-                text="",
-                status=Message.Status.ERROR,
-                error_code="expired",
-                error_message="Sorry, we were too busy to answer in time. Please ask again.",
+                GenerationOutcome(
+                    status=Generation.Status.ERROR,
+                    error_code="expired",
+                    error_message="Sorry, we were too busy to answer in time. Please ask again.",
+                ),
             )
             return
-        self._emit(job, "start", {"worker": self.worker_id, "variant": job.variant, "attempt": job.attempt})
-        payload = job.payload
+        self._emit(job, Start(worker=self.worker_id, variant=job.variant, attempt=job.attempt))
+        sampling = job.generation.sampling
         request = GenerationRequest(
             request_id=job.request_id,
-            messages=payload["messages"],
-            max_tokens=payload.get("max_tokens", settings.GENERATION_MAX_TOKENS),
-            temperature=payload.get("temperature", settings.GENERATION_TEMPERATURE),
-            top_p=payload.get("top_p", settings.GENERATION_TOP_P),
-            stop=payload.get("stop", []),
+            messages=job.generation.messages,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop=list(sampling.stop),
         )
         started = time.monotonic()
         ttft_ms: float | None = None
@@ -323,18 +337,19 @@ class InferenceWorker:
                     if last.text:
                         if ttft_ms is None:
                             ttft_ms = (time.monotonic() - started) * 1000
-                        self._emit(job, "token", {"seq": len(entry.text), "text": last.text})
+                        self._emit(job, Token(seq=len(entry.text), text=last.text))
                         entry.text.append(last.text)
                     if last.finish_reason is not None:
                         finish_reason = last.finish_reason
         except TimeoutError:
+            timeout_s = self.config.generation_timeout_s
             await self._finish(
                 job,
-                text="".join(entry.text),
-                status=Message.Status.ERROR,
-                error_code="timeout",
-                error_message=(
-                    f"The answer took longer than {self.config.generation_timeout_s:.0f} s and was stopped."
+                GenerationOutcome(
+                    status=Generation.Status.ERROR,
+                    text="".join(entry.text),
+                    error_code="timeout",
+                    error_message=f"The answer took longer than {timeout_s:.0f} s and was stopped.",
                 ),
             )
             return
@@ -344,12 +359,14 @@ class InferenceWorker:
             logger.warning("worker %s: %s failed in the engine: %s", self.worker_id, job.request_id, exc)
             await self._finish(
                 job,
-                text="".join(entry.text),
-                status=Message.Status.ERROR,
-                error_code="engine_error",
-                error_message="Sorry, the model failed while writing this answer. Please try again.",
-                usage=_usage(last),
-                timings=self._timings(job, started, ttft_ms),
+                GenerationOutcome(
+                    status=Generation.Status.ERROR,
+                    text="".join(entry.text),
+                    error_code="engine_error",
+                    error_message="Sorry, the model failed while writing this answer. Please try again.",
+                    usage=_usage(last),
+                    timings=self._timings(job, started, ttft_ms),
+                ),
             )
             return
         except asyncio.CancelledError:
@@ -357,76 +374,48 @@ class InferenceWorker:
                 raise
             finish_reason = "abort"
         if finish_reason == "abort":
-            status, finish_reason = Message.Status.CANCELLED, "cancelled"
+            status, finish_reason = Generation.Status.CANCELLED, "cancelled"
         else:
-            status = Message.Status.DONE
+            status = Generation.Status.DONE
             self.mean_service_s += 0.2 * (time.monotonic() - started - self.mean_service_s)
         await self._finish(
             job,
-            text="".join(entry.text),
-            status=status,
-            finish_reason=finish_reason,
-            usage=_usage(last),
-            timings=self._timings(job, started, ttft_ms),
-        )
-
-    def _timings(self, job: Job, started: float, ttft_ms: float | None) -> dict:
-        return {
-            "queue_ms": round(
-                (time.time() - job.enqueued_at) * 1000 - (time.monotonic() - started) * 1000, 1
+            GenerationOutcome(
+                status=status,
+                text="".join(entry.text),
+                finish_reason=finish_reason,
+                usage=_usage(last),
+                timings=self._timings(job, started, ttft_ms),
             ),
-            "ttft_ms": round(ttft_ms, 1) if ttft_ms is not None else None,
-            "duration_ms": round((time.monotonic() - started) * 1000, 1),
-            "engine": self.engine.label,
-        }
+        )
 
-    async def _finish(
-        self,
-        job: Job,
-        *,
-        text: str,
-        status: str,
-        finish_reason: str = "",
-        error_code: str = "",
-        error_message: str = "",
-        usage: dict | None = None,
-        timings: dict | None = None,
-    ) -> None:
-        """Store the answer, then publish the terminal event (so a reload after `done` shows it)."""
-        await database_sync_to_async(chat_services.assistant_message_finish)(
-            request_id=job.request_id,
-            content=text,
-            status=status,
-            finish_reason=finish_reason,
-            error_code=error_code,
-            usage=usage,
-            timings=timings,
+    def _timings(self, job: Job, started: float, ttft_ms: float | None) -> Timings:
+        elapsed_ms = (time.monotonic() - started) * 1000
+        return Timings(
+            queue_ms=round((time.time() - job.enqueued_at) * 1000 - elapsed_ms, 1),
+            ttft_ms=round(ttft_ms, 1) if ttft_ms is not None else None,
+            duration_ms=round(elapsed_ms, 1),
+            engine=self.engine.label,
         )
-        await timeseries.answer_record(
-            self.queue.client,
-            variant=job.variant,
-            status=status,
-            ttft_ms=(timings or {}).get("ttft_ms"),
-            output_tokens=(usage or {}).get("completion_tokens", 0),
-            duration_ms=(timings or {}).get("duration_ms"),
-        )
-        worker_metrics.answer_observe(
-            variant=job.variant,
-            tier=job.tier,
-            outcome=error_code or status,
-            timings=timings,
-            output_tokens=(usage or {}).get("completion_tokens", 0),
-        )
-        client_id = job.payload.get("client_id")
-        if client_id:
-            await self._retrying(
-                lambda: request_finished(self.queue.client, client_id=client_id, request_id=job.request_id)
+
+    async def _finish(self, job: Job, outcome: GenerationOutcome) -> None:
+        """Store the outcome, then publish the terminal event (so a reload after `done` shows
+        it). The answer is counted (console series, Prometheus) only when this stored it: a
+        job finished twice (reclaimed after its worker stored it) counts once."""
+        stored = await database_sync_to_async(generation_finish)(request_id=job.request_id, outcome=outcome)
+        if stored:
+            await timeseries.answer_record(self.queue.client, variant=job.variant, outcome=outcome)
+            worker_metrics.answer_observe(variant=job.variant, tier=job.tier, outcome=outcome)
+        await self._retrying(
+            lambda: request_finished(
+                self.queue.client, client_id=job.generation.client_id, request_id=job.request_id
             )
-        if error_code:
-            event = self._emit(job, "error", {"code": error_code, "message": error_message})
+        )
+        if outcome.error_code:
+            event = self._emit(job, Error(code=outcome.error_code, message=outcome.error_message))
         else:
             event = self._emit(
-                job, "done", {"finish_reason": finish_reason, "usage": usage or {}, "timings": timings or {}}
+                job, Done(finish_reason=outcome.finish_reason, usage=outcome.usage, timings=outcome.timings)
             )
         await event
 
@@ -456,7 +445,7 @@ class InferenceWorker:
                 "slots": self.slots,
                 "vip_reserved_slots": self.config.vip_reserved_slots,
                 "running": len(self.running),
-                "running_vip": sum(1 for r in self.running.values() if r.job.tier == "vip"),
+                "running_vip": sum(1 for r in self.running.values() if r.job.tier == Tier.VIP),
                 "draining": self.draining,
                 "engine_running": stats.running,
                 "engine_waiting": stats.waiting,
@@ -519,9 +508,7 @@ class InferenceWorker:
                 cancelled = await control.cancelled_request_ids(
                     self.queue.client, [j.request_id for j in jobs]
                 )
-                abandoned = await abandoned_request_ids(
-                    self.queue.client, jobs, default_grace_s=self.config.disconnect_grace_s
-                )
+                abandoned = await abandoned_request_ids(self.queue.client, jobs)
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: watch upkeep failed (%s)", self.worker_id, exc)
                 continue
@@ -541,10 +528,11 @@ class InferenceWorker:
         )
         await self._finish(
             job,
-            text="",
-            status=Message.Status.ERROR,
-            error_code="failed",
-            error_message="Sorry, this answer could not be generated. Please try again.",
+            GenerationOutcome(
+                status=Generation.Status.ERROR,
+                error_code="failed",
+                error_message="Sorry, this answer could not be generated. Please try again.",
+            ),
         )
         await self.queue.dead_letter(job, reason="max_attempts")
         worker_metrics.JOBS_DEAD_LETTERED.labels(job.variant).inc()
@@ -578,8 +566,8 @@ class InferenceWorker:
             delay = min(delay * 2, 2.0)
 
 
-def _usage(last: Delta | None) -> dict[str, int]:
+def _usage(last: Delta | None) -> Usage:
     """Token counts as OpenAI reports them, from the last delta (its counts are cumulative)."""
     if last is None:
-        return {"prompt_tokens": 0, "completion_tokens": 0}
-    return {"prompt_tokens": last.prompt_tokens, "completion_tokens": last.output_tokens}
+        return Usage()
+    return Usage(prompt_tokens=last.prompt_tokens, completion_tokens=last.output_tokens)

@@ -27,6 +27,16 @@ def manage_command(*args: str) -> list[str]:
     return [PYTHON, str(ROOT / "manage.py"), *args]
 
 
+def celery_command(*, queues: str, concurrency: int, pool: str = "prefork") -> list[str]:
+    """A Celery worker of this project consuming `queues` (comma-separated). Worker events
+    (heartbeat, mingle, gossip) retry Redis for ever: without them a stop never waits on Redis."""
+    return [
+        PYTHON, "-m", "celery", "-A", "config", "worker", "--queues", queues,
+        "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
+        "--without-heartbeat", "--without-mingle", "--without-gossip",
+    ]  # fmt: skip
+
+
 def web_command(host: str, port: int) -> list[str]:
     return [PYTHON, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"]
 
@@ -130,14 +140,13 @@ class Stack:
         self.workers.remove(worker)
         worker.kill()
 
-    def start_celery(self, *, beat: bool = True, timeout_s: float = 60.0) -> Process:
-        """A Celery worker (threads pool), with beat for the periodic tasks unless told not to."""
+    def start_celery(
+        self, *, beat: bool = True, queues: str = "celery,batch-jobs", timeout_s: float = 60.0
+    ) -> Process:
+        """A Celery worker (threads pool), with beat for the periodic tasks unless told not to;
+        it consumes the periodic tasks' queue and the batch jobs' unless given `queues`."""
         log_path = self._log("celery")
-        command = [
-            PYTHON, "-m", "celery", "-A", "config", "worker",
-            "--pool", "threads", "--concurrency", "4", "--loglevel", "INFO",
-            "--without-heartbeat", "--without-mingle", "--without-gossip",
-        ]  # fmt: skip
+        command = celery_command(queues=queues, concurrency=4, pool="threads")
         if beat:
             command += ["--beat", "--schedule", str(self.workdir / "celerybeat-schedule")]
         celery = Process("celery", command, env=self.env, output=log_path)

@@ -1,22 +1,25 @@
 """Admission: rate limit, backpressure, enqueue. One call per generation request.
 
-Each refusal is a typed outcome with an honest Retry-After; nothing half-admitted remains.
+Each refusal is a typed outcome with an honest Retry-After; nothing half-admitted remains:
+the request's record is created before it is enqueued (a worker may finish it at once) and
+deleted when it is refused.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
 from scheduler import keys, metrics, timeseries
+from scheduler.generation import GenerationJob, Tier
 from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
 from scheduler.rate_limits import Bucket, address_scope, rate_limit_refund, rate_limit_take
+from scheduler.services import generation_create, generation_discard
 
 # A client over its concurrency limit may retry when one of its answers is done; answers take
 # seconds, so this is when trying again is likely to work.
@@ -46,7 +49,7 @@ class AdmissionRefused(Exception):
 class Admission:
     request_id: str
     variant: str
-    tier: str
+    tier: Tier
     position: int
     predicted_wait_s: float
 
@@ -77,50 +80,30 @@ def _buckets(policy: Policy, client_id: str, client_address: str | None) -> list
     return buckets
 
 
-def request_submit(
-    *,
-    request_id: str,
-    client_id: str,
-    tier: str,
-    variant: str,
-    payload: dict[str, Any],
-    client_address: str | None = None,
-) -> Admission:
+def request_submit(*, job: GenerationJob, client_address: str | None = None) -> Admission:
     """Admit and enqueue a generation request, or raise AdmissionRefused.
 
     `client_address` is given for guests only: their sessions are free to make, their address
     is not.
     """
+    generation_create(job=job)
     try:
-        admission = _admit(
-            request_id=request_id,
-            client_id=client_id,
-            tier=tier,
-            variant=variant,
-            payload=payload,
-            client_address=client_address,
-        )
+        admission = _admit(job=job, client_address=client_address)
     except AdmissionRefused as refusal:
+        generation_discard(request_id=job.request_id)
         # Redis just failed this request: counting the refusal there would only wait again.
         if refusal.reason != "scheduler_unavailable":
             timeseries.refusal_record(reason=refusal.reason)
-        metrics.admission_record(tier=tier, status=refusal.status, reason=refusal.reason)
+        metrics.admission_record(tier=job.tier, status=refusal.status, reason=refusal.reason)
         raise
-    metrics.admission_record(tier=tier)
+    metrics.admission_record(tier=job.tier)
     return admission
 
 
-def _admit(
-    *,
-    request_id: str,
-    client_id: str,
-    tier: str,
-    variant: str,
-    payload: dict[str, Any],
-    client_address: str | None,
-) -> Admission:
+def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
+    request_id, client_id = job.request_id, job.client_id
     try:
-        policy = tier_policy(tier)
+        policy = tier_policy(job.tier)
         buckets = _buckets(policy, client_id, client_address)
         inflight_key = keys.inflight(client_id)
         decision = rate_limit_take(
@@ -139,10 +122,8 @@ def _admit(
                 message=_MESSAGES[decision.limited_by or "global"],
             )
         queued = job_enqueue(
-            variant=variant,
-            tier=tier if settings.SCHEDULER_PRIORITY else "normal",
-            request_id=request_id,
-            payload={**payload, "client_id": client_id},
+            tier=job.tier if settings.SCHEDULER_PRIORITY else Tier.NORMAL,
+            job=job,
             max_queued=policy.max_queued,
             wait_slo_s=policy.wait_slo_s,
             max_wait_s=policy.max_wait_s,
@@ -165,8 +146,8 @@ def _admit(
         )
     return Admission(
         request_id=request_id,
-        variant=variant,
-        tier=tier,
+        variant=job.variant,
+        tier=job.tier,
         position=queued.position,
         predicted_wait_s=queued.predicted_wait_s,
     )

@@ -4,7 +4,9 @@ Keys of one variant's queues share the hash tag `{variant}` so they live in one 
 slot; rate-limit buckets share `{rl}` so one Lua script may touch several of them.
 """
 
-TIERS = ("vip", "normal", "batch")  # claim order: VIP first, batch last
+from scheduler.generation import Tier
+
+TIERS = tuple(Tier)  # claim order: VIP first, batch last
 CONSUMER_GROUP = "workers"
 
 

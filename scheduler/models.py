@@ -1,5 +1,5 @@
-"""The tier policies and the canary split, stored here and mirrored into Redis where admission
-and routing apply them."""
+"""The tier policies and the canary split (stored here, mirrored into Redis where admission and
+routing apply them), and the record of every generation request."""
 
 from __future__ import annotations
 
@@ -8,16 +8,14 @@ from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
+from scheduler.generation import Origin, Tier
 from scheduler.rules import tier_policy_problems
+
+TIER_CHOICES = [(tier.value, tier.label) for tier in Tier]
 
 
 class TierPolicy(models.Model):
-    class Tier(models.TextChoices):
-        VIP = "vip", "VIP"
-        NORMAL = "normal", "Normal"
-        BATCH = "batch", "Batch"
-
-    tier = models.CharField(max_length=16, choices=Tier.choices, primary_key=True)
+    tier = models.CharField(max_length=16, choices=TIER_CHOICES, primary_key=True)
     bucket_capacity = models.PositiveIntegerField(
         validators=[MinValueValidator(1)], help_text="Burst one client may send."
     )
@@ -96,3 +94,43 @@ class CanaryRouting(models.Model):
         """The one row, created on first use with the worker's default variant as stable."""
         routing, _ = cls.objects.get_or_create(pk=1, defaults={"stable_variant": settings.INFERENCE_VARIANT})
         return routing
+
+
+class Generation(models.Model):
+    """One generation request, whatever door it came in by (chat, API, batch): created when it
+    is admitted, finished once by its worker (scheduler.services.generation_finish). Chat
+    messages and batch items link here by request id; the canary and the console count these."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"  # queued or generating
+        DONE = "done", "Done"
+        CANCELLED = "cancelled", "Cancelled"
+        ERROR = "error", "Error"
+
+    request_id = models.UUIDField(unique=True)
+    origin = models.CharField(max_length=16, choices=[(o.value, o.label) for o in Origin])
+    variant = models.CharField(max_length=64)
+    tier = models.CharField(max_length=16, choices=TIER_CHOICES)
+    client_id = models.CharField(max_length=128, blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
+    finish_reason = models.CharField(max_length=32, blank=True)
+    error_code = models.CharField(max_length=32, blank=True)
+    error_message = models.TextField(blank=True)
+    text = models.TextField(blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveIntegerField(null=True, blank=True)
+    queue_ms = models.FloatField(null=True, blank=True)
+    ttft_ms = models.FloatField(null=True, blank=True)
+    duration_ms = models.FloatField(null=True, blank=True)
+    engine = models.CharField(max_length=128, blank=True)  # e.g. "simulated", "vllm:SmolLM2-..."
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [
+            # The canary's per-variant numbers over a recent window.
+            models.Index(fields=["variant", "finished_at"]),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.origin} {self.request_id} ({self.status})"

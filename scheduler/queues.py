@@ -9,7 +9,6 @@ expired (a dead worker's) until a job has used its attempts.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +18,7 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from scheduler import keys
+from scheduler.generation import GenerationJob, Tier
 from scheduler.redis import async_script, sync_redis, sync_script
 
 MIN_DRAIN_RATE = 0.2  # jobs/s assumed while no live worker reports its capacity
@@ -61,7 +61,7 @@ _ENQUEUE = (
     + """
 -- KEYS: queue, enqueued, claimed, capacity, result, arrivals, then (enqueued, claimed) of
 --       higher tiers
--- ARGV: max_queued, wait_slo_s, stale_s, min_rate, result_ttl_s, tier, request_id, payload,
+-- ARGV: max_queued, wait_slo_s, stale_s, min_rate, result_ttl_s, tier, request_id, job,
 --       max_wait_s, arrivals_ttl_s
 local t = now()
 local own = queued(KEYS[2], KEYS[3])
@@ -72,7 +72,7 @@ if wait > tonumber(ARGV[2]) then return {0, own, tostring(wait), 'wait_over_slo'
 local seq = redis.call('INCR', KEYS[2])
 local id = redis.call('XADD', KEYS[1], '*', 'seq', seq, 'enqueued_at', tostring(t),
                       'deadline', tostring(t + tonumber(ARGV[9])), 'request_id', ARGV[7],
-                      'payload', ARGV[8])
+                      'job', ARGV[8])
 redis.call('XADD', KEYS[5], '*', 'type', 'queued', 'data', cjson.encode({seq = seq, tier = ARGV[6]}))
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
 redis.call('INCR', KEYS[6])
@@ -206,14 +206,16 @@ def _higher_tier_keys(variant: str, tier: str) -> list[str]:
 
 @dataclass(frozen=True, slots=True)
 class Job:
+    """A queue entry: the generation job, where it queued, and when (by Redis's clock)."""
+
     entry_id: str
     variant: str
-    tier: str
+    tier: str  # the queue it was in (all normal when priority scheduling is off)
     request_id: str
     seq: int
     enqueued_at: float
     deadline: float  # a job still queued at this unix time has expired
-    payload: dict[str, Any]
+    generation: GenerationJob
     attempt: int = 1
 
     @classmethod
@@ -228,7 +230,7 @@ class Job:
             seq=int(fields["seq"]),
             enqueued_at=float(fields["enqueued_at"]),
             deadline=float(fields["deadline"]),
-            payload=json.loads(fields["payload"]),
+            generation=GenerationJob.decode(fields["job"]),
             attempt=attempt,
         )
 
@@ -250,14 +252,13 @@ class QueueState:
 
 def job_enqueue(
     *,
-    variant: str,
     tier: str,
-    request_id: str,
-    payload: dict[str, Any],
+    job: GenerationJob,
     max_queued: int,
     wait_slo_s: float,
     max_wait_s: float,
 ) -> EnqueueResult:
+    variant, request_id = job.variant, job.request_id
     reply = sync_script(_ENQUEUE)(
         keys=[
             keys.queue(variant, tier),
@@ -276,7 +277,7 @@ def job_enqueue(
             settings.RESULT_TTL_S,
             tier,
             request_id,
-            json.dumps(payload),
+            job.encode(),
             max_wait_s,
             settings.AUTOSCALE_ARRIVAL_WINDOW_S + 2 * ARRIVAL_BUCKET_S,
         ],
@@ -379,7 +380,7 @@ class JobQueue:
                 keys.CONSUMER_GROUP,
                 self.consumer,
                 total,
-                keys.TIERS.index("normal") if aging_s is not None else -1,
+                keys.TIERS.index(Tier.NORMAL) if aging_s is not None else -1,
                 aging_s or 0,
                 *(per_tier.get(tier, 0) for tier in keys.TIERS),
             ],

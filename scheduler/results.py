@@ -19,18 +19,18 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
 from scheduler import keys, metrics
+from scheduler.generation import Error, EventBody, event_decode, event_encode
+from scheduler.queues import Job
 from scheduler.redis import async_script, new_async_redis
 
 logger = logging.getLogger(__name__)
 
-TERMINAL_EVENTS = frozenset({"done", "error"})
 # ASCII digits only (`\d` takes other scripts' digits, which Redis refuses), each part a u64.
 _ENTRY_ID = re.compile(r"([0-9]{1,20})-([0-9]{1,20})")
 _MAX_ID_PART = 2**64 - 1
@@ -56,9 +56,18 @@ def _id_key(entry_id: str) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class ResultEvent:
+    """One entry of a result stream: its id (the SSE event id) and the event."""
+
     id: str
-    type: str  # queued | start | token | reset | done | error
-    data: dict[str, Any]
+    body: EventBody
+
+    @property
+    def type(self) -> str:
+        return self.body.type
+
+    @classmethod
+    def from_entry(cls, entry_id: str, fields: dict[str, str]) -> ResultEvent:
+        return cls(entry_id, event_decode(fields["type"], json.loads(fields["data"])))
 
 
 # One call writes a whole batch: the per-command cost of a pipeline (packing, parsing a reply
@@ -94,9 +103,9 @@ class ResultPublisher:
         self._written: asyncio.Future[None] | None = None
         self._wakeup = asyncio.Event()
 
-    def emit(self, variant: str, request_id: str, kind: str, data: dict[str, Any]) -> asyncio.Future[None]:
+    def emit(self, variant: str, request_id: str, body: EventBody) -> asyncio.Future[None]:
         """Queue an event; the returned future resolves once it is in Redis."""
-        self._buffer.append((keys.result(variant, request_id), kind, json.dumps(data)))
+        self._buffer.append((keys.result(variant, request_id), *event_encode(body)))
         if self._written is None:
             self._written = asyncio.get_running_loop().create_future()
         self._wakeup.set()
@@ -141,13 +150,13 @@ class _Subscription:
     def fail(self, code: str, message: str) -> None:
         """End the subscription with an `error` event, as if the worker had published it:
         every reader already turns that into a clear outcome for its client."""
-        self._pending.append(ResultEvent(self.cursor, "error", {"code": code, "message": message}))
+        self._pending.append(ResultEvent(self.cursor, Error(code=code, message=message)))
         self._arrived.set()
 
     def deliver(self, entries: list[tuple[str, dict[str, str]]]) -> None:
         for entry_id, fields in entries:
             if _id_key(entry_id) > _id_key(self.cursor):
-                self._pending.append(ResultEvent(entry_id, fields["type"], json.loads(fields["data"])))
+                self._pending.append(ResultEvent.from_entry(entry_id, fields))
                 self.cursor = entry_id
         if self._pending:
             self._arrived.set()
@@ -323,10 +332,10 @@ async def last_event_type(client: aioredis.Redis, *, variant: str, request_id: s
     return entries[0][1]["type"] if entries else None
 
 
-async def abandoned_request_ids(client: aioredis.Redis, jobs: list, *, default_grace_s: float) -> set[str]:
+async def abandoned_request_ids(client: aioredis.Redis, jobs: list[Job]) -> set[str]:
     """Requests whose clients all left longer ago than the request's disconnect grace.
 
-    A request no client ever attached to (a batch job, say) is never abandoned.
+    A request no client ever attached to is never abandoned, nor one without a grace (batch).
     """
     async with client.pipeline(transaction=False) as pipe:
         for job in jobs:
@@ -335,7 +344,9 @@ async def abandoned_request_ids(client: aioredis.Redis, jobs: list, *, default_g
     now = time.time()
     abandoned = set()
     for job, (clients, since) in zip(jobs, replies, strict=True):
-        grace = float(job.payload.get("disconnect_grace_s", default_grace_s))
+        grace = job.generation.disconnect_grace_s
+        if grace is None:
+            continue
         if clients is not None and int(clients) <= 0 and since and now - float(since) >= grace:
             abandoned.add(job.request_id)
     return abandoned

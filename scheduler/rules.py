@@ -11,6 +11,8 @@ from typing import Literal
 
 from django.conf import settings
 
+from scheduler.generation import Tier
+
 # An API caller waits for the queue and the generation, plus this long for the worker's verdict.
 ANSWER_WAIT_MARGIN_S = 10.0
 # A worker renews its jobs' leases this often, but never more than five times a second.
@@ -53,7 +55,7 @@ def tier_policy_problems(*, tier: str, wait_slo_s: float, max_wait_s: float) -> 
                 "Set the longest predicted wait admitted (wait_slo_s) at or below the expiry (max_wait_s).",
             )
         )
-    if tier == "normal" and settings.SCHEDULER_PRIORITY and max_wait_s <= settings.NORMAL_AGING_S:
+    if tier == Tier.NORMAL and settings.SCHEDULER_PRIORITY and max_wait_s <= settings.NORMAL_AGING_S:
         problems.append(
             Problem(
                 "warning",
@@ -66,7 +68,7 @@ def tier_policy_problems(*, tier: str, wait_slo_s: float, max_wait_s: float) -> 
             )
         )
     proxy_s = settings.PROXY_READ_TIMEOUT_S
-    if tier != "batch" and proxy_s > 0 and answer_wait_limit_s(max_wait_s) > proxy_s:
+    if tier != Tier.BATCH and proxy_s > 0 and answer_wait_limit_s(max_wait_s) > proxy_s:
         problems.append(
             Problem(
                 "warning",

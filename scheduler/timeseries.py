@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 
 from scheduler import keys
 from scheduler.redis import sync_redis
+from scheduler.services import GenerationOutcome
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,11 @@ def latency_bin(value_ms: float) -> int:
     return min(len(LATENCY_BOUNDS_MS) - 1, math.ceil(math.log(value_ms, 1.25) - 1e-9))
 
 
+def latency_bins(values_ms: Iterable[float]) -> Counter[int]:
+    """Latencies counted in their bins, as answer_record counts them."""
+    return Counter(latency_bin(value) for value in values_ms)
+
+
 def latency_percentile(bins: Mapping[int, int], quantile: float) -> float | None:
     """The quantile (0..1) of the counted latencies in ms, interpolated within its bin."""
     total = sum(bins.values())
@@ -64,16 +70,11 @@ def latency_percentile(bins: Mapping[int, int], quantile: float) -> float | None
 # --- writing ------------------------------------------------------------------------------------
 
 
-async def answer_record(
-    client: aioredis.Redis,
-    *,
-    variant: str,
-    status: str,
-    ttft_ms: float | None,
-    output_tokens: int,
-    duration_ms: float | None,
-) -> None:
+async def answer_record(client: aioredis.Redis, *, variant: str, outcome: GenerationOutcome) -> None:
     """Count one finished answer (any status); latencies only when it produced tokens."""
+    status, output_tokens = outcome.status, outcome.usage.completion_tokens
+    ttft_ms = outcome.timings.ttft_ms if outcome.timings else None
+    duration_ms = outcome.timings.duration_ms if outcome.timings else None
     key = keys.series_bucket(bucket_start(time.time()))
     try:
         async with client.pipeline(transaction=False) as pipe:

@@ -20,14 +20,14 @@ sys.path.insert(0, str(ROOT))  # the launcher package lives beside scripts/
 
 from launcher.process import Prefixed, Process, port_open, stop_in_order  # noqa: E402
 from launcher.redis import RedisServer  # noqa: E402
-from launcher.stack import WORKER_STOP_TIMEOUT_S, web_command, worker_command  # noqa: E402
+from launcher.stack import WORKER_STOP_TIMEOUT_S, celery_command, web_command, worker_command  # noqa: E402
 
 VAR = ROOT / "var"
 PYTHON = sys.executable
 HOST = os.environ.get("HOST", "127.0.0.1")
 PORT = int(os.environ.get("PORT", "8000"))
 REDIS_PORT = int(os.environ.get("PRIVATE_REDIS_PORT", "6390"))
-COLORS = {"redis": 31, "web": 32, "inference": 35, "celery": 36}
+COLORS = {"redis": 31, "web": 32, "inference": 35, "celery": 36, "celery-jobs": 34}
 # The worker's drain and engine shutdown fit in this (checked when it starts).
 
 
@@ -84,26 +84,12 @@ def main() -> None:
         if os.environ.get("DEMO_ACCOUNTS", "").lower() in {"1", "true", "yes"}:
             subprocess.run([PYTHON, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True)
         # Stopped in reverse: web first (no new work), then the worker drains, then Celery.
+        children.append(start("celery", [*celery_command(queues="celery", concurrency=2), "--beat"], env))
+        # Batch job slices on their own worker: the periodic tasks never wait behind them.
         children.append(
             start(
-                "celery",
-                [
-                    PYTHON,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "config",
-                    "worker",
-                    "-B",
-                    "--loglevel",
-                    "INFO",
-                    "--concurrency",
-                    "2",
-                    # Worker events retry Redis for ever: without them a stop never waits on Redis.
-                    "--without-heartbeat",
-                    "--without-mingle",
-                    "--without-gossip",
-                ],
+                "celery-jobs",
+                [*celery_command(queues="batch-jobs", concurrency=2), "--hostname", "jobs@%h"],
                 env,
             )
         )

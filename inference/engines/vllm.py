@@ -25,6 +25,7 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 from inference.engines.guard import EngineGuard, orphaned_engines_end
+from scheduler.prompt import ChatTemplateError, PromptEncoder
 
 # vLLM also reports "repetition" (a loop detector stopped the request): to the user the
 # answer simply ended, so it counts as "stop".
@@ -88,6 +89,7 @@ class VllmEngine:
         self.kv_cache_space_gib = kv_cache_space_gib
         self.label = f"vllm:{Path(model_path).name}"
         self._engine: AsyncLLM | None = None
+        self._prompt_encoder: PromptEncoder | None = None
         self._snapshot = _SchedulerSnapshot()
         self._on_gpu = current_platform.is_cuda_alike()
         self._engine_processes: list[psutil.Process] = []
@@ -111,6 +113,7 @@ class VllmEngine:
         # A dead worker's engine would hold the memory this one is about to claim.
         await asyncio.to_thread(orphaned_engines_end)
         self._guard.start()
+        self._prompt_encoder = await asyncio.to_thread(PromptEncoder, Path(self.model_path))
         before = {child.pid for child in psutil.Process().children(recursive=True)}
         # Building the engine blocks for tens of seconds (model load, KV-cache allocation):
         # a thread keeps this process's event loop (heartbeats, other consumers) responsive.
@@ -125,7 +128,13 @@ class VllmEngine:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
         engine = self._require_engine()
-        prompt_token_ids = self._encode_chat(engine, request.messages)
+        assert self._prompt_encoder is not None  # set by start(), as the engine is
+        # Encoding a long prompt takes milliseconds of CPU: off the loop that streams every
+        # other request's tokens.
+        try:
+            prompt_token_ids = await asyncio.to_thread(self._prompt_encoder.encode, request.messages)
+        except ChatTemplateError as exc:
+            raise EngineRequestError(f"The chat template refused the messages: {exc}") from exc
         # The renderer checks the prompt against max_model_len and turns it into the engine's
         # input type (vLLM deprecates handing it raw prompts). A prompt it rejects fails this
         # request only: retrying it elsewhere would fail the same way.
@@ -192,12 +201,6 @@ class VllmEngine:
         if self._engine.errored:
             raise EngineDeadError(f"{self.label}: the vLLM engine core has died")
         return self._engine
-
-    def _encode_chat(self, engine: AsyncLLM, messages: list[dict[str, str]]) -> list[int]:
-        tokenizer = engine.get_tokenizer()
-        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        # The chat template already writes the special tokens the model expects.
-        return tokenizer.encode(prompt, add_special_tokens=False)
 
     def _memory(self) -> tuple[int, int]:
         if self._on_gpu:

@@ -9,6 +9,7 @@ from django.utils import timezone
 from chat.models import Conversation, Message, User
 from scheduler import workers
 from scheduler.redis import new_async_redis
+from tests.generation_jobs import generation_record
 
 _ids = itertools.count()
 
@@ -77,13 +78,16 @@ def answers(
     votes = [Message.Feedback.DOWN] * thumbs_down + [Message.Feedback.UP] * thumbs_up
     for n in range(count):
         failed = n < errors
+        generation = generation_record(
+            variant=variant,
+            status="error" if failed else "done",
+            error_code="engine_error" if failed else "",
+            ttft_ms=None if failed else ttft_ms,
+            finished_at=completed_at,
+        )
         Message.objects.create(
             conversation=conversation,
             role=Message.Role.ASSISTANT,
-            variant=variant,
-            status=Message.Status.ERROR if failed else Message.Status.DONE,
-            error_code="engine_error" if failed else "",
-            ttft_ms=None if failed else ttft_ms,
+            generation=generation,
             feedback=None if failed or n - errors >= len(votes) else votes[n - errors],
-            completed_at=completed_at,
         )

@@ -14,6 +14,7 @@ from scheduler.models import TierPolicy
 from scheduler.queues import job_enqueue
 from scheduler.routing import canary_split
 from tests.admin_console.conftest import heartbeat
+from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -83,10 +84,8 @@ def test_the_dashboard_shows_queues_and_workers(client_staff):
     worker_id = heartbeat("stable")
     for n in range(3):
         job_enqueue(
-            variant="stable",
             tier="normal",
-            request_id=f"r{n}",
-            payload={},
+            job=generation_job(f"r{n}"),
             max_queued=10,
             wait_slo_s=100,
             max_wait_s=60,
@@ -105,10 +104,8 @@ def test_the_dashboard_shows_the_workers_wanted_beside_the_live_ones(client_staf
     heartbeat("stable")
     for n in range(30):
         job_enqueue(
-            variant="stable",
             tier="normal",
-            request_id=f"r{n}",
-            payload={},
+            job=generation_job(f"r{n}"),
             max_queued=100,
             wait_slo_s=10**6,
             max_wait_s=60,

@@ -53,7 +53,8 @@ def test_an_answer_streams_in_and_stop_stops_it(page, stack):
     assert len(stopped_at.split()) < 60
     with sqlite3.connect(stack.db_path) as db:
         assert db.execute(
-            "SELECT status FROM chat_message WHERE role = 'assistant' ORDER BY id DESC LIMIT 1"
+            "SELECT g.status FROM chat_message m JOIN scheduler_generation g ON g.request_id = m.request_id "
+            "WHERE m.role = 'assistant' ORDER BY m.id DESC LIMIT 1"
         ).fetchone() == ("cancelled",)
     expect(page.get_by_role("button", name="Send")).to_be_enabled()
     assert errors == []

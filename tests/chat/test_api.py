@@ -14,6 +14,7 @@ from django.test import AsyncClient, Client, override_settings
 from chat import api_keys
 from chat.models import User
 from scheduler import keys, workers
+from scheduler.generation import Tier
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import new_async_redis, sync_redis
@@ -155,10 +156,10 @@ def test_the_worker_gets_the_generation_parameters_the_key_s_limits_and_the_api_
 
 
 def test_a_key_without_a_tier_follows_its_owner_and_a_key_with_one_overrides_it(alice):
-    alice.tier = User.Tier.VIP
+    alice.tier = Tier.VIP
     alice.save()
     owners = api_keys.api_key_create(owner=alice).plaintext
-    normal = api_keys.api_key_create(owner=alice, tier=User.Tier.NORMAL).plaintext
+    normal = api_keys.api_key_create(owner=alice, tier=Tier.NORMAL).plaintext
     for plaintext in (owners, normal):
         assert _post(Client(), plaintext, HELLO | {"stream": True}).status_code == 200
     assert len(worker_double.queued("vip")) == 1

@@ -14,12 +14,15 @@ from django.utils import timezone
 from chat import api_keys, jobs, tasks
 from chat.models import ApiKey, BatchJob, BatchJobItem, User
 from chat.openai_shapes import chat_request_parse
+from config.celery import app
 from scheduler import keys
 from scheduler.admission import request_submit
+from scheduler.generation import Origin
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
 from tests.chat import worker_double
+from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -54,9 +57,9 @@ def _answer_new(answered: set[str]) -> None:
             answered.add(queued["request_id"])
 
 
-def _tasks_sent() -> list[tuple[str, str]]:
-    """(task name, its arguments as text) of each message waiting in Celery's queue."""
-    messages = [json.loads(raw) for raw in sync_redis().lrange("celery", 0, -1)]
+def _tasks_sent(queue: str = "batch-jobs") -> list[tuple[str, str]]:
+    """(task name, its arguments as text) of each message waiting in one of Celery's queues."""
+    messages = [json.loads(raw) for raw in sync_redis().lrange(queue, 0, -1)]
     return [(m["headers"]["task"], m["headers"]["argsrepr"]) for m in messages]
 
 
@@ -162,11 +165,13 @@ def test_a_job_goes_through_the_batch_tier_a_few_at_a_time_and_every_answer_is_s
     assert most_in_flight == 2
     queued = worker_double.queued("batch")
     assert len(queued) == 5  # each request submitted once
-    assert {q["client_id"] for q in queued} == {f"job:{job.pk}"}
+    assert {q["client_id"] for q in queued} == {f"jobs:{api_key.owner_id}"}
     items = _items(job)
-    assert [i.content for i in items] == [f"Answer to Question {n}" for n in range(5)]
-    assert {(i.status, i.finish_reason, i.completion_tokens) for i in items} == {("completed", "stop", 3)}
-    assert sorted(str(i.request_id) for i in items) == sorted(q["request_id"] for q in queued)
+    assert [i.generation.text for i in items] == [f"Answer to Question {n}" for n in range(5)]
+    assert {(i.status, i.generation.finish_reason, i.generation.completion_tokens) for i in items} == {
+        ("completed", "stop", 3)
+    }
+    assert sorted(str(i.generation_id) for i in items) == sorted(q["request_id"] for q in queued)
     assert jobs.job_progress(job=job)["completed"] == 5
 
 
@@ -183,13 +188,13 @@ def test_a_job_taken_over_from_a_dead_task_re_follows_its_requests_and_submits_n
     assert jobs.job_ids_stalled() == []
     BatchJob.objects.filter(pk=job.pk).update(lease_expires_at=timezone.now() - timedelta(seconds=1))
     assert jobs.job_ids_stalled() == [job.pk]
-    worker_double.publish(first, ("token", {"seq": 1, "text": "and half."}), worker_double.done())
+    worker_double.end(first, ("token", {"seq": 1, "text": "and half."}), worker_double.done())
     worker_double.answer(second, "Second.")
     assert jobs.job_feed(job_id=job.pk, budget_s=5) is False
     job.refresh_from_db()
     assert job.status == "completed"
     # Followed again from the start of its stream: the text before the takeover is kept.
-    assert [i.content for i in _items(job)] == ["Half and half.", "Second."]
+    assert [i.generation.text for i in _items(job)] == ["Half and half.", "Second."]
     assert len(worker_double.queued("batch")) == 2
 
 
@@ -198,18 +203,16 @@ def test_a_request_whose_task_died_around_submitting_is_neither_lost_nor_asked_t
     lost, sent = _items(job)
     # Both had their id stored; only `sent` reached the scheduler before the task died.
     for item in (lost, sent):
-        item.request_id, item.variant = uuid.uuid4(), "stable"
+        item.generation_id, item.variant = uuid.uuid4(), "stable"
         item.save()
     request_submit(
-        request_id=str(sent.request_id),
-        client_id=f"job:{job.pk}",
-        tier="batch",
-        variant="stable",
-        payload=sent.request,
+        job=generation_job(
+            str(sent.generation_id), tier="batch", client_id=job.client_id, origin=Origin.BATCH
+        )
     )
     jobs.job_feed(job_id=job.pk, budget_s=0)
     queued = [q["request_id"] for q in worker_double.queued("batch")]
-    assert sorted(queued) == sorted([str(sent.request_id), str(lost.request_id)])
+    assert sorted(queued) == sorted([str(sent.generation_id), str(lost.generation_id)])
     assert {i.status for i in _items(job)} == {"submitted"}
 
 
@@ -245,7 +248,7 @@ def test_cancelling_recalls_unanswered_requests_and_keeps_the_answers_already_st
     items = _items(job)
     assert [i.status for i in items] == ["completed", "cancelled", "cancelled", "cancelled"]
     # Those in the scheduler are told to stop; the one never submitted has nothing to recall.
-    in_scheduler = [str(i.request_id) for i in items[1:] if i.request_id]
+    in_scheduler = [str(i.generation_id) for i in items[1:] if i.generation_id]
     assert len(in_scheduler) == 2
     assert all(sync_redis().exists(keys.cancel(rid)) for rid in in_scheduler)
     # A late answer changes nothing, and no task feeds a cancelled job.
@@ -271,10 +274,11 @@ def test_an_answer_that_fails_is_stored_as_a_failed_result(api_key):
     job = _job(api_key, 1)
     jobs.job_feed(job_id=job.pk, budget_s=0)
     [queued] = worker_double.queued("batch")
-    worker_double.publish(queued["request_id"], ("error", {"code": "engine_error", "message": "It broke."}))
+    worker_double.end(queued["request_id"], ("error", {"code": "engine_error", "message": "It broke."}))
     jobs.job_feed(job_id=job.pk, budget_s=1)
     [item] = _items(job)
-    assert (item.status, item.error_code, item.error_message) == ("failed", "engine_error", "It broke.")
+    answer = item.generation
+    assert (item.status, answer.error_code, answer.error_message) == ("failed", "engine_error", "It broke.")
     assert BatchJob.objects.get().status == "completed"
 
 
@@ -315,3 +319,77 @@ def test_the_sweep_restarts_only_jobs_whose_lease_ran_out(api_key):
     [(task, args)] = _tasks_sent()
     assert task == "chat.tasks.job_run" and str(stalled.pk) in args
     assert held.pk not in jobs.job_ids_stalled()
+
+
+# --- limits per owner, revoked keys, Celery queues ------------------------------------------------
+
+
+def test_all_of_an_owner_s_jobs_share_one_rate_limit_client(api_key, settings):
+    """Starting more jobs does not buy more of the batch tier: the owner's bucket is shared."""
+    settings.BATCH_JOB_MAX_IN_FLIGHT = 10
+    TierPolicy.objects.filter(tier="batch").update(bucket_capacity=3, refill_per_s=0.001)
+    policies_mirror()
+    first, second = _job(api_key, 2), _job(api_key, 2)
+    jobs.job_feed(job_id=first.pk, budget_s=0)
+    jobs.job_feed(job_id=second.pk, budget_s=0)
+    assert len(worker_double.queued("batch")) == 3
+    assert [i.status for i in _items(second)].count("pending") == 1
+    # Another customer's job is not held back by this owner's use.
+    other = api_keys.api_key_create(owner=User.objects.create(username="bob")).api_key
+    third = _job(other, 2)
+    jobs.job_feed(job_id=third.pk, budget_s=0)
+    assert {i.status for i in _items(third)} == {"submitted"}
+
+
+def test_an_owner_over_the_active_job_cap_gets_429_and_nothing_is_stored(issued, api_key, settings):
+    settings.BATCH_JOB_MAX_ACTIVE_PER_OWNER = 2
+    done = _job(api_key, 1)
+    BatchJob.objects.filter(pk=done.pk).update(status="completed")
+    _job(api_key, 1)
+    assert _post_job(issued.plaintext, {"requests": [_request(1)]}).status_code == 202
+    response = _post_job(issued.plaintext, {"requests": [_request(2)]})
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "too_many_active_jobs"
+    assert response["x-should-retry"] == "false"
+    assert BatchJob.objects.count() == 3
+    # A second key of the same owner does not get around it.
+    second_key = api_keys.api_key_create(owner=api_key.owner).plaintext
+    assert _post_job(second_key, {"requests": [_request(3)]}).status_code == 429
+
+
+def test_revoking_a_key_stops_its_jobs_with_a_clear_status(issued, api_key):
+    job = _job(api_key, 3)
+    jobs.job_feed(job_id=job.pk, budget_s=0)
+    in_scheduler = [q["request_id"] for q in worker_double.queued("batch")]
+    worker_double.answer(in_scheduler[0], "Kept.")
+    jobs.job_feed(job_id=job.pk, budget_s=0.2)
+    other_job = _job(api_keys.api_key_create(owner=api_key.owner).api_key, 1)
+
+    assert api_keys.api_key_revoke(api_key=api_key)
+
+    job.refresh_from_db()
+    assert job.status == "key_revoked" and job.finished_at is not None
+    assert [i.status for i in _items(job)] == ["completed", "cancelled", "cancelled"]
+    assert all(sync_redis().exists(keys.cancel(rid)) for rid in in_scheduler[1:])
+    assert jobs.job_feed(job_id=job.pk, budget_s=0.2) is False
+    # The owner still sees why, with another key of theirs.
+    other_key = api_keys.api_key_create(owner=api_key.owner).plaintext
+    body = Client().get(f"/v1/jobs/{job.pk}", headers={"Authorization": f"Bearer {other_key}"}).json()
+    assert body["status"] == "key_revoked"
+    assert [r["error"]["code"] for r in body["results"][1:]] == ["key_revoked", "key_revoked"]
+    # Jobs sent with the owner's other keys go on.
+    other_job.refresh_from_db()
+    assert other_job.status == "queued"
+
+
+def test_job_slices_go_to_their_own_celery_queue_and_periodic_tasks_do_not(api_key, settings):
+    """Slices run for a minute each: on the default queue, ten jobs would starve beat's tasks."""
+    settings.BATCH_JOB_SLICE_S = 0
+    job = _job(api_key, 1)
+    tasks.job_run(str(job.pk))
+    assert [task for task, _ in _tasks_sent("batch-jobs")] == ["chat.tasks.job_run"]
+    for entry in settings.CELERY_BEAT_SCHEDULE.values():
+        app.send_task(entry["task"])
+    sent_to_default = {task for task, _ in _tasks_sent("celery")}
+    assert sent_to_default == {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
+    assert [task for task, _ in _tasks_sent("batch-jobs")] == ["chat.tasks.job_run"]

@@ -13,6 +13,7 @@ from django.test import Client
 from admin_console.models import AuditLog
 from chat import api_keys
 from chat.models import ApiKey, User
+from scheduler.generation import Tier
 
 pytestmark = pytest.mark.django_db
 
@@ -61,7 +62,7 @@ def test_a_key_takes_its_owner_s_tier_unless_it_has_its_own(alice):
     follows = api_keys.api_key_create(owner=alice).api_key
     vip = api_keys.api_key_create(owner=alice, tier="vip").api_key
     assert (follows.effective_tier, vip.effective_tier) == ("normal", "vip")
-    alice.tier = User.Tier.VIP
+    alice.tier = Tier.VIP
     assert follows.effective_tier == "vip"
     with pytest.raises(ValueError):
         api_keys.api_key_create(owner=alice, tier="batch")

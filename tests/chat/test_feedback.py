@@ -4,6 +4,8 @@ import pytest
 from django.test import Client
 
 from chat.models import Conversation, Message, User
+from tests.chat.conftest import guest_key_of
+from tests.generation_jobs import generation_record
 
 pytestmark = pytest.mark.django_db
 
@@ -20,14 +22,12 @@ def client_alice(alice) -> Client:
     return client
 
 
-def _answer(owner: User, status: str = Message.Status.DONE) -> Message:
+def _answer(owner: User, status: str = "done") -> Message:
     conversation = Conversation.objects.create(owner=owner)
     return Message.objects.create(
         conversation=conversation,
         role=Message.Role.ASSISTANT,
-        status=status,
-        variant="candidate",
-        content="Hi",
+        generation=generation_record(variant="candidate", status=status),
     )
 
 
@@ -67,11 +67,10 @@ def test_other_peoples_answers_cannot_be_rated(client_alice):
     assert answer.feedback is None
 
 
-def test_guests_cannot_vote_and_see_no_buttons():
-    guest = Client()
-    conversation = Conversation.objects.create(session_key=guest.session.session_key)
+def test_guests_cannot_vote_and_see_no_buttons(guest):
+    conversation = Conversation.objects.create(session_key=guest_key_of(guest))
     answer = Message.objects.create(
-        conversation=conversation, role=Message.Role.ASSISTANT, status=Message.Status.DONE, content="Hi"
+        conversation=conversation, role=Message.Role.ASSISTANT, generation=generation_record()
     )
     response = _vote(guest, answer, "up", HTTP_ACCEPT="application/json")
     assert response.status_code == 403
@@ -84,8 +83,8 @@ def test_guests_cannot_vote_and_see_no_buttons():
 
 
 def test_only_finished_answers_take_a_vote_and_only_up_or_down(client_alice, alice):
-    assert _vote(client_alice, _answer(alice, Message.Status.PENDING), "up").status_code == 409
-    assert _vote(client_alice, _answer(alice, Message.Status.ERROR), "up").status_code == 409
+    assert _vote(client_alice, _answer(alice, "pending"), "up").status_code == 409
+    assert _vote(client_alice, _answer(alice, "error"), "up").status_code == 409
     assert _vote(client_alice, _answer(alice), "meh").status_code == 400
 
 
@@ -99,7 +98,9 @@ def test_a_vote_without_csrf_token_is_forbidden(alice):
 def test_the_page_shows_the_buttons_on_finished_answers_only(client_alice, alice):
     done = _answer(alice)
     Message.objects.create(
-        conversation=done.conversation, role=Message.Role.ASSISTANT, status=Message.Status.PENDING, content=""
+        conversation=done.conversation,
+        role=Message.Role.ASSISTANT,
+        generation=generation_record(status="pending", text=""),
     )
     html = client_alice.get(f"/chat/{done.conversation_id}").content.decode()
     assert html.count('class="feedback"') == 2

@@ -10,9 +10,12 @@ from django.utils import timezone
 from chat import tasks, views
 from chat.models import Conversation, Message, User
 from scheduler import keys
-from scheduler.models import TierPolicy
+from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
+from tests.chat import worker_double
+from tests.chat.conftest import guest_key_of
+from tests.generation_jobs import generation_record
 
 pytestmark = pytest.mark.django_db
 
@@ -52,7 +55,8 @@ def test_a_message_is_stored_queued_and_answered_with_202_and_a_request_id(clien
     assert body["stream_url"] == f"/chat/stream/{body['request_id']}"
     user_message, assistant_message = conversation.messages.all()
     assert (user_message.role, user_message.content) == ("user", "Where is my order?")
-    assert (assistant_message.status, str(assistant_message.request_id)) == ("pending", body["request_id"])
+    answer = assistant_message.generation
+    assert (answer.status, str(answer.request_id)) == ("pending", body["request_id"])
     assert _queued() == 1
 
 
@@ -94,6 +98,22 @@ def test_a_second_message_while_an_answer_is_pending_gets_409(client_alice, conv
     assert response.status_code == 409
     assert response.json()["error"]["code"] == "conversation_busy"
     assert conversation.messages.count() == 2
+
+
+def test_a_finished_answer_lets_the_next_message_through_and_is_part_of_its_prompt(
+    client_alice, conversation
+):
+    first = _post(client_alice, conversation, "Where is my order?").json()["request_id"]
+    worker_double.answer(first, "It ", "shipped.")
+    assert _post(client_alice, conversation, "When does it arrive?").status_code == 202
+    prompt = worker_double.queued("normal")[-1]["messages"]
+    assert [(m["role"], m["content"]) for m in prompt[1:]] == [
+        ("user", "Where is my order?"),
+        ("assistant", "It shipped."),
+        ("user", "When does it arrive?"),
+    ]
+    page = client_alice.get(f"/chat/{conversation.pk}").content.decode()
+    assert "It shipped." in page
 
 
 def _flood(client: Client, owner: User, count: int) -> list:
@@ -192,14 +212,15 @@ def test_cookieless_visits_write_nothing_to_the_database():
     assert not Conversation.objects.exists()
 
 
-def test_a_guests_first_message_makes_their_session_and_conversation():
+def test_a_guests_first_message_makes_their_conversation():
     guest = Client()
     conversation_id = _form_conversation_id(guest.get("/"))
     assert _post_to(guest, conversation_id, "hello").status_code == 202
     conversation = Conversation.objects.get()
     assert str(conversation.pk) == conversation_id
     assert conversation.owner is None
-    assert conversation.session_key == guest.session.session_key
+    assert conversation.session_key == guest_key_of(guest)
+    assert not Session.objects.exists()  # a guest needs no stored session
     # the page now shows it, and another guest cannot see it
     assert _form_conversation_id(guest.get("/")) == conversation_id
     assert Client().get(f"/chat/{conversation_id}").status_code == 404
@@ -229,10 +250,22 @@ def test_a_refused_first_message_leaves_no_conversation(client_alice):
     assert not Message.objects.exists()
 
 
-def test_a_guests_session_key_appears_neither_in_redis_nor_in_the_admin():
+def test_a_guests_first_messages_sent_at_once_all_land_in_their_conversations():
+    guest = Client()
+    guest.get("/")
+    # Three: the most answers a normal customer may have in progress.
+    offered = [guest.post("/chat/conversations", **JSON).json()["id"] for _ in range(3)]
+    # As a burst does: every post carries the cookie the page gave, none has been answered yet.
+    assert all(_post_to(guest, conversation_id, "hello").status_code == 202 for conversation_id in offered)
+    assert set(Conversation.objects.values_list("session_key", flat=True)) == {guest_key_of(guest)}
+    for conversation_id in offered:
+        assert guest.get(f"/chat/{conversation_id}").status_code == 200
+
+
+def test_a_guests_key_appears_neither_in_redis_nor_in_the_admin():
     guest = Client()
     assert _post_to(guest, _form_conversation_id(guest.get("/")), "hello").status_code == 202
-    session_key = guest.session.session_key
+    session_key = guest_key_of(guest)
     redis = sync_redis()
     for key in redis.scan_iter():
         assert session_key not in key
@@ -282,9 +315,9 @@ def test_the_sidebar_titles_conversations_by_their_first_question(client_alice, 
 
 def test_the_model_variant_shows_to_staff_only(alice, conversation):
     conversation.messages.create(role=Message.Role.USER, content="Hello")
-    conversation.messages.create(
-        role=Message.Role.ASSISTANT, content="Hi.", variant="candidate-7b", engine="simulated"
-    )
+    answer = generation_record(variant="candidate-7b", text="Hi.")
+    Generation.objects.filter(pk=answer.pk).update(engine="simulated")
+    conversation.messages.create(role=Message.Role.ASSISTANT, generation=answer)
     customer = Client()
     customer.force_login(alice)
     page = customer.get(f"/chat/{conversation.pk}").content.decode()

@@ -1,4 +1,5 @@
-"""The inference worker's side of Redis, played by a test: read what was queued, publish events."""
+"""The inference worker's side of Redis and of the generation record, played by a test: read
+what was queued, publish events, store how an answer ended."""
 
 from __future__ import annotations
 
@@ -7,13 +8,26 @@ import time
 from typing import Any
 
 from scheduler import keys
+from scheduler.generation import AnswerFold, Done, GenerationJob, event_decode
+from scheduler.models import Generation
 from scheduler.redis import sync_redis
+from scheduler.services import GenerationOutcome, generation_finish
 
 
 def queued(tier: str, variant: str = "stable") -> list[dict[str, Any]]:
-    """The jobs waiting in a tier's queue: request_id plus the decoded payload."""
+    """The jobs waiting in a tier's queue, flattened: request_id, messages, sampling fields..."""
     entries = sync_redis().xrange(keys.queue(variant, tier))
-    return [{"request_id": fields["request_id"], **json.loads(fields["payload"])} for _, fields in entries]
+    jobs = [GenerationJob.decode(fields["job"]) for _, fields in entries]
+    return [
+        {
+            "request_id": job.request_id,
+            "messages": job.messages,
+            "client_id": job.client_id,
+            "disconnect_grace_s": job.disconnect_grace_s,
+            **job.sampling.to_dict(),
+        }
+        for job in jobs
+    ]
 
 
 def wait_queued(tier: str, count: int = 1, timeout_s: float = 5.0) -> list[dict[str, Any]]:
@@ -32,6 +46,30 @@ def publish(request_id: str, *events: tuple[str, dict[str, Any]], variant: str =
         client.xadd(keys.result(variant, request_id), {"type": kind, "data": json.dumps(data)})
 
 
+def end(request_id: str, *events: tuple[str, dict[str, Any]], variant: str = "stable") -> None:
+    """Publish the events that end an answer, storing it first as the worker does."""
+    answer = AnswerFold()
+    for _, fields in sync_redis().xrange(keys.result(variant, request_id)):
+        answer.add(event_decode(fields["type"], json.loads(fields["data"])))
+    answer.add_all(event_decode(kind, data) for kind, data in events)
+    match answer.end:
+        case Done(finish_reason="cancelled"):
+            outcome = GenerationOutcome(status=Generation.Status.CANCELLED, text=answer.text)
+        case Done(finish_reason=reason, usage=usage):
+            outcome = GenerationOutcome(
+                status=Generation.Status.DONE, text=answer.text, finish_reason=reason, usage=usage
+            )
+        case error:
+            outcome = GenerationOutcome(
+                status=Generation.Status.ERROR,
+                text=answer.text,
+                error_code=error.code,
+                error_message=error.message,
+            )
+    generation_finish(request_id=request_id, outcome=outcome)
+    publish(request_id, *events, variant=variant)
+
+
 def tokens(*texts: str) -> list[tuple[str, dict[str, Any]]]:
     return [("token", {"seq": n, "text": text}) for n, text in enumerate(texts)]
 
@@ -42,11 +80,6 @@ def done(finish_reason: str = "stop", prompt_tokens: int = 7, completion_tokens:
 
 
 def answer(request_id: str, *texts: str, variant: str = "stable") -> None:
-    """A whole answer: start, the tokens, done."""
-    publish(
-        request_id,
-        ("start", {"attempt": 1}),
-        *tokens(*texts),
-        done(completion_tokens=len(texts)),
-        variant=variant,
-    )
+    """A whole answer: start, the tokens, done; stored as the worker stores it."""
+    publish(request_id, ("start", {"attempt": 1}), *tokens(*texts), variant=variant)
+    end(request_id, done(completion_tokens=len(texts)), variant=variant)

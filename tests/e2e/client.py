@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from scheduler.generation import TERMINAL_EVENTS, AnswerFold, event_decode
+
 
 @dataclass
 class SseEvent:
@@ -33,17 +35,15 @@ class StreamResult:
     @property
     def text(self) -> str:
         """The answer as a browser shows it: tokens since the last reset."""
-        parts: list[str] = []
+        answer = AnswerFold()
         for event in self.events:
-            if event.event == "reset":
-                parts = []
-            elif event.event == "token":
-                parts.append(event.data["text"])
-        return "".join(parts)
+            if event.event != "status":  # the relay's own; the rest are result events
+                answer.add(event_decode(event.event, event.data))
+        return answer.text
 
     @property
     def terminal(self) -> SseEvent | None:
-        return next((e for e in self.events if e.event in {"done", "error"}), None)
+        return next((e for e in self.events if e.event in TERMINAL_EVENTS), None)
 
 
 class ChatClient:
@@ -135,7 +135,7 @@ class ChatClient:
                         event = SseEvent(fields["event"], json.loads(fields["data"]), fields.get("id"))
                         result.events.append(event)
                         tokens += event.event == "token"
-                        if event.event in {"done", "error"}:
+                        if event.event in TERMINAL_EVENTS:
                             break
                     fields = {}
                     if stop_after_tokens is not None and tokens >= stop_after_tokens:

@@ -10,9 +10,10 @@ from launcher import stack
 
 class Stack(stack.Stack):
     def count_assistant_messages(self, request_id: str) -> list[tuple[str, str]]:
-        """(status, content) of every stored message for the request, read from the database."""
+        """(status, text) of every stored answer for the request, read from the database."""
         with sqlite3.connect(self.db_path) as db:
             return db.execute(
-                "SELECT status, content FROM chat_message WHERE request_id = ?",
+                "SELECT g.status, g.text FROM chat_message m JOIN scheduler_generation g "
+                "ON g.request_id = m.request_id WHERE m.request_id = ?",
                 (request_id.replace("-", ""),),
             ).fetchall()

@@ -1,4 +1,5 @@
-"""A candidate that fails 30% of its answers is rolled back by the Celery beat evaluation.
+"""A candidate that fails 30% of its answers is rolled back by the Celery beat evaluation,
+whether the answers were asked through the chat or through the API.
 
 Real processes: redis, daphne, a stable and a candidate inference worker (the candidate's
 simulated engine fails 30% of its requests), and Celery with beat evaluating every 2 s.
@@ -11,6 +12,7 @@ import sqlite3
 import time
 from datetime import datetime, timedelta
 
+import httpx
 import pytest
 import redis
 
@@ -48,8 +50,8 @@ def _answers(stack) -> list[dict]:
     with sqlite3.connect(stack.db_path) as db:
         db.row_factory = sqlite3.Row
         rows = db.execute(
-            "SELECT variant, status, error_code, created_at, completed_at FROM chat_message "
-            "WHERE role = 'assistant' ORDER BY completed_at"
+            "SELECT origin, variant, status, error_code, created_at, finished_at AS completed_at "
+            "FROM scheduler_generation ORDER BY finished_at"
         ).fetchall()
     return [dict(row) for row in rows]
 
@@ -77,6 +79,7 @@ def _first_breach(answers: list[dict]) -> datetime:
 
 
 async def _start_canary(stack) -> None:
+    """Start a canary of `candidate`; the last one must have ended."""
     async with ChatClient(stack.base_url) as staff:
         await staff.login("sam", stack.staff_password)
         await staff.http.get("/console/canary")
@@ -171,3 +174,71 @@ def test_a_failing_candidate_is_rolled_back_within_two_evaluations_having_served
     for tier in keys.TIERS:
         assert client.xpending(keys.queue("candidate", tier), keys.CONSUMER_GROUP)["pending"] == 0
     assert client.xlen(keys.dead_letter("candidate")) == 0
+
+
+# --- API traffic ----------------------------------------------------------------------------------
+
+API_CLIENTS = 4
+
+
+async def _drive_api_traffic(stack, keys_: list[str], deadline_s: float = 120.0) -> list[int]:
+    """API clients ask one question per call until the canary is rolled back, then a few more
+    each; returns the status of every answered call."""
+    rolled_back = asyncio.Event()
+    statuses: list[int] = []
+
+    async def watch() -> None:
+        while not rolled_back.is_set():
+            if (await asyncio.to_thread(_rollout, stack))["status"] == "rolled_back":
+                rolled_back.set()
+            await asyncio.sleep(0.2)
+
+    async def api_client(key: str) -> None:
+        headers = {"Authorization": f"Bearer {key}"}
+        async with httpx.AsyncClient(base_url=stack.base_url, headers=headers, timeout=60) as http:
+            started, after = time.monotonic(), 0
+            while after < AFTER_ROLLBACK_PER_GUEST and time.monotonic() - started < deadline_s:
+                if rolled_back.is_set():
+                    after += 1
+                response = await http.post(
+                    "/v1/chat/completions",
+                    json={"model": "stable", "messages": [{"role": "user", "content": "Where is my order?"}]},
+                )
+                if response.status_code == 429:  # this key's limits: back off as told
+                    await asyncio.sleep(float(response.headers["Retry-After"]))
+                    continue
+                statuses.append(response.status_code)
+
+    watcher = asyncio.create_task(watch())
+    try:
+        await asyncio.gather(*(api_client(key) for key in keys_))
+    finally:
+        rolled_back.set()
+        await watcher
+    return statuses
+
+
+def test_a_failing_candidate_serving_only_api_calls_is_rolled_back(stack):
+    keys_ = [stack.create_api_key("alice") for _ in range(API_CLIENTS)]
+    asyncio.run(_start_canary(stack))
+    started_at = _time(_rollout(stack)["started_at"])
+    statuses = asyncio.run(_drive_api_traffic(stack, keys_))
+
+    rollout = _rollout(stack)
+    assert (rollout["status"], rollout["automatic"], rollout["rollback_reason"]) == (
+        "rolled_back",
+        1,
+        "error_rate",
+    )
+    # The candidate's numbers are API calls only: nothing else was asked during this canary.
+    candidate = json.loads(rollout["rollback_numbers"])["candidate"]
+    assert candidate["answers"] >= MIN_ANSWERS and candidate["errors"] > 0
+    answered = [a for a in _answers(stack) if a["completed_at"] and _time(a["completed_at"]) >= started_at]
+    assert {a["origin"] for a in answered} == {"api"}
+    assert any(a["variant"] == "candidate" and a["status"] == "error" for a in answered)
+    # The callers saw the failures as errors, and answers from stable once it was rolled back.
+    assert set(statuses) == {200, 500}
+    rolled_back_at = _time(rollout["ended_at"])
+    after = [a for a in answered if _time(a["created_at"]) > rolled_back_at + timedelta(seconds=CACHE_S)]
+    assert len(after) >= API_CLIENTS
+    assert {a["variant"] for a in after} == {"stable"}

@@ -10,6 +10,8 @@ from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
 from inference import metrics
+from scheduler.generation import Timings, Usage
+from scheduler.services import GenerationOutcome
 
 
 @pytest.fixture
@@ -22,13 +24,19 @@ def _sample(name: str, **labels: str) -> float | None:
     return REGISTRY.get_sample_value(name, labels)
 
 
+def _failed(code: str) -> GenerationOutcome:
+    return GenerationOutcome(status="error", error_code=code, error_message="...")
+
+
 def test_a_completed_answer_records_its_latencies_tokens_and_outcome(variant):
     metrics.answer_observe(
         variant=variant,
         tier="vip",
-        outcome="done",
-        timings={"queue_ms": 500.0, "ttft_ms": 100.0, "duration_ms": 1100.0, "engine": "simulated"},
-        output_tokens=11,
+        outcome=GenerationOutcome(
+            status="done",
+            usage=Usage(prompt_tokens=5, completion_tokens=11),
+            timings=Timings(queue_ms=500.0, ttft_ms=100.0, duration_ms=1100.0, engine="simulated"),
+        ),
     )
     labels = {"variant": variant, "tier": "vip"}
     assert _sample("llm_generations_total", **labels, outcome="done") == 1
@@ -46,9 +54,11 @@ def test_a_cancelled_answer_counts_its_wait_and_first_token_but_not_its_speed(va
     metrics.answer_observe(
         variant=variant,
         tier="normal",
-        outcome="cancelled",
-        timings={"queue_ms": 200.0, "ttft_ms": 50.0, "duration_ms": 400.0, "engine": "simulated"},
-        output_tokens=4,
+        outcome=GenerationOutcome(
+            status="cancelled",
+            usage=Usage(prompt_tokens=5, completion_tokens=4),
+            timings=Timings(queue_ms=200.0, ttft_ms=50.0, duration_ms=400.0, engine="simulated"),
+        ),
     )
     labels = {"variant": variant, "tier": "normal"}
     assert _sample("llm_generations_total", **labels, outcome="cancelled") == 1
@@ -59,7 +69,7 @@ def test_a_cancelled_answer_counts_its_wait_and_first_token_but_not_its_speed(va
 
 
 def test_an_answer_that_never_ran_counts_only_its_outcome(variant):
-    metrics.answer_observe(variant=variant, tier="normal", outcome="expired", timings=None, output_tokens=0)
+    metrics.answer_observe(variant=variant, tier="normal", outcome=_failed("expired"))
     assert _sample("llm_generations_total", variant=variant, tier="normal", outcome="expired") == 1
     assert _sample("llm_queue_wait_seconds_count", variant=variant, tier="normal") is None
 
@@ -92,7 +102,7 @@ def _fetch(url: str, token: str | None = None) -> tuple[int, dict[str, str], str
 
 
 def test_the_exporter_serves_the_workers_metrics_to_this_host(exporter, variant):
-    metrics.answer_observe(variant=variant, tier="vip", outcome="timeout", timings=None, output_tokens=0)
+    metrics.answer_observe(variant=variant, tier="vip", outcome=_failed("timeout"))
     status, _, body = _fetch(exporter)
     assert status == 200
     samples = [sample for family in text_string_to_metric_families(body) for sample in family.samples]

@@ -7,6 +7,7 @@ from scheduler import workers
 from scheduler.autoscale import TierDemand, WorkerShape, workers_desired, workers_needed
 from scheduler.queues import ARRIVAL_BUCKET_S, arrival_rates, job_enqueue
 from scheduler.redis import new_async_redis
+from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -65,10 +66,8 @@ def test_the_target_utilization_leaves_room_for_a_burst():
 
 def _enqueue(request_id: str, tier: str, *, max_queued: int = 1000) -> bool:
     return job_enqueue(
-        variant="stable",
         tier=tier,
-        request_id=request_id,
-        payload={"messages": []},
+        job=generation_job(request_id, tier=tier),
         max_queued=max_queued,
         wait_slo_s=10**6,
         max_wait_s=60,

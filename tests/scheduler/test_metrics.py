@@ -12,6 +12,7 @@ from scheduler.policy import tier_policy
 from scheduler.queues import job_enqueue
 from scheduler.redis import new_async_redis
 from scheduler.results import ResultFollower
+from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -35,10 +36,8 @@ def _admissions(**labels: str) -> float:
 
 def _enqueue(request_id: str, tier: str, variant: str = "stable") -> None:
     job_enqueue(
-        variant=variant,
         tier=tier,
-        request_id=request_id,
-        payload={"messages": []},
+        job=generation_job(request_id, tier=tier, variant=variant),
         max_queued=100,
         wait_slo_s=1000,
         max_wait_s=60,
@@ -79,10 +78,10 @@ def test_admissions_are_counted_by_tier_outcome_and_reason():
     admitted = _admissions(tier="normal", outcome="admitted", reason="")
     refused = _admissions(tier="normal", outcome="rate_limited", reason="too_many_in_progress")
     limit = tier_policy("normal").max_concurrent_per_user
-    for n in range(limit):
-        request_submit(request_id=f"r{n}", client_id="c1", tier="normal", variant="stable", payload={})
+    for _ in range(limit):
+        request_submit(job=generation_job())
     with pytest.raises(AdmissionRefused):
-        request_submit(request_id="over", client_id="c1", tier="normal", variant="stable", payload={})
+        request_submit(job=generation_job())
 
     assert _admissions(tier="normal", outcome="admitted", reason="") == admitted + limit
     assert _admissions(tier="normal", outcome="rate_limited", reason="too_many_in_progress") == refused + 1

@@ -4,14 +4,13 @@ import time
 from scheduler import keys
 from scheduler.queues import JobQueue, job_enqueue
 from scheduler.redis import new_async_redis, sync_redis
+from tests.generation_jobs import generation_job
 
 
 def _enqueue(request_id: str, tier: str = "normal", max_queued: int = 100, wait_slo_s: float = 1000):
     return job_enqueue(
-        variant="stable",
         tier=tier,
-        request_id=request_id,
-        payload={"messages": [{"role": "user", "content": request_id}]},
+        job=generation_job(request_id, tier=tier, messages=[{"role": "user", "content": request_id}]),
         max_queued=max_queued,
         wait_slo_s=wait_slo_s,
         max_wait_s=60,

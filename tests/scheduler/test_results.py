@@ -6,6 +6,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from scheduler import keys
+from scheduler.generation import Done, Token
 from scheduler.redis import new_async_redis, sync_redis
 from scheduler.results import ResultFollower, ResultPublisher, parse_event_id
 
@@ -62,14 +63,14 @@ def test_followers_get_every_event_in_order_from_their_own_cursor():
         try:
             async with follower.subscribe(variant="v", request_id="a", after_id="0-0") as early:
                 for n in range(3):
-                    publisher.emit("v", "a", "token", {"seq": n, "text": f"t{n} "})
+                    publisher.emit("v", "a", Token(seq=n, text=f"t{n} "))
                 first_three = await _collect(early, "token")
                 while len(first_three) < 3:
                     first_three += await early.next_batch(5)
                 async with follower.subscribe(
                     variant="v", request_id="a", after_id=first_three[0].id
                 ) as late:
-                    await publisher.emit("v", "a", "done", {"finish_reason": "stop"})
+                    await publisher.emit("v", "a", Done(finish_reason="stop"))
                     late_events = await _collect(late, "done")
                 early_rest = await _collect(early, "done")
             return first_three, early_rest, late_events, follower.followed_streams
@@ -78,11 +79,11 @@ def test_followers_get_every_event_in_order_from_their_own_cursor():
             await client.aclose()
 
     first_three, early_rest, late_events, followed_after = asyncio.run(scenario())
-    assert [e.data["seq"] for e in first_three] == [0, 1, 2]
+    assert [e.body.seq for e in first_three] == [0, 1, 2]
     assert [e.type for e in early_rest] == ["done"]
     # The late subscriber resumed after the first token: it sees tokens 1 and 2, then done.
     assert [e.type for e in late_events] == ["token", "token", "done"]
-    assert [e.data["seq"] for e in late_events[:2]] == [1, 2]
+    assert [e.body.seq for e in late_events[:2]] == [1, 2]
     assert followed_after == 0
 
 
@@ -96,7 +97,7 @@ def test_one_follower_serves_many_streams_and_wakes_for_new_subscriptions():
             async with follower.subscribe(variant="v", request_id="idle", after_id="0-0"):
                 await asyncio.sleep(0.2)  # the reader is now blocked on the idle stream
                 async with follower.subscribe(variant="v", request_id="busy", after_id="0-0") as busy:
-                    await publisher.emit("v", "busy", "done", {"finish_reason": "stop"})
+                    await publisher.emit("v", "busy", Done(finish_reason="stop"))
                     started = asyncio.get_running_loop().time()
                     events = await _collect(busy, "done")
                     waited = asyncio.get_running_loop().time() - started
@@ -123,7 +124,7 @@ def test_a_stream_redis_refuses_to_read_ends_alone_with_an_error_and_the_others_
             async with follower.subscribe(variant="v", request_id="fine", after_id="0-0") as fine:
                 async with follower.subscribe(variant="v", request_id="wrong-type", after_id="0-0") as bad:
                     bad_events = await _collect(bad, "error")
-                await publisher.emit("v", "fine", "done", {"finish_reason": "stop"})
+                await publisher.emit("v", "fine", Done(finish_reason="stop"))
                 fine_events = await _collect(fine, "done")
             return bad_events, fine_events
         finally:
@@ -132,8 +133,8 @@ def test_a_stream_redis_refuses_to_read_ends_alone_with_an_error_and_the_others_
 
     bad_events, fine_events = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert [e.type for e in bad_events] == ["error"]
-    assert bad_events[0].data["code"] == "stream_unreadable"
-    assert bad_events[0].data["message"]
+    assert bad_events[0].body.code == "stream_unreadable"
+    assert bad_events[0].body.message
     assert [e.type for e in fine_events] == ["done"]
 
 
@@ -151,7 +152,7 @@ def test_an_entry_that_is_not_an_event_ends_only_its_own_stream():
                 follower.subscribe(variant="v", request_id="corrupt", after_id="0-0") as bad,
             ):
                 bad_events = await _collect(bad, "error")
-                await publisher.emit("v", "fine", "done", {"finish_reason": "stop"})
+                await publisher.emit("v", "fine", Done(finish_reason="stop"))
                 fine_events = await _collect(fine, "done")
             return bad_events, fine_events
         finally:
@@ -159,7 +160,7 @@ def test_an_entry_that_is_not_an_event_ends_only_its_own_stream():
             await client.aclose()
 
     bad_events, fine_events = asyncio.run(asyncio.wait_for(scenario(), 60))
-    assert [(e.type, e.data["code"]) for e in bad_events] == [("error", "stream_unreadable")]
+    assert [(e.type, e.body.code) for e in bad_events] == [("error", "stream_unreadable")]
     assert [e.type for e in fine_events] == ["done"]
 
 
@@ -187,7 +188,7 @@ def test_subscribers_of_a_follower_that_dies_get_an_error_and_a_new_subscription
             async with follower.subscribe(variant="v", request_id="first", after_id="0-0") as first:
                 first_events = await _collect(first, "error")
             async with follower.subscribe(variant="v", request_id="second", after_id="0-0") as second:
-                await publisher.emit("v", "second", "done", {"finish_reason": "stop"})
+                await publisher.emit("v", "second", Done(finish_reason="stop"))
                 second_events = await _collect(second, "done")
             return first_events, second_events
         finally:
@@ -195,7 +196,7 @@ def test_subscribers_of_a_follower_that_dies_get_an_error_and_a_new_subscription
             await client.aclose()
 
     first_events, second_events = asyncio.run(asyncio.wait_for(scenario(), 60))
-    assert [(e.type, e.data["code"]) for e in first_events] == [("error", "relay_failed")]
+    assert [(e.type, e.body.code) for e in first_events] == [("error", "relay_failed")]
     assert [e.type for e in second_events] == ["done"]
 
 
@@ -220,10 +221,10 @@ def test_a_batch_whose_reply_was_lost_is_not_written_twice_when_retried():
         publishing = asyncio.create_task(publisher.run())
         try:
             for n in range(3):
-                publisher.emit("v", "lost-reply", "token", {"seq": n, "text": f"t{n}"})
-            await publisher.emit("v", "lost-reply", "done", {"finish_reason": "stop"})
+                publisher.emit("v", "lost-reply", Token(seq=n, text=f"t{n}"))
+            await publisher.emit("v", "lost-reply", Done(finish_reason="stop"))
             # Later batches are written as usual.
-            await publisher.emit("v", "next", "done", {"finish_reason": "stop"})
+            await publisher.emit("v", "next", Done(finish_reason="stop"))
         finally:
             publishing.cancel()
             await client.aclose()

@@ -8,10 +8,13 @@ import pytest
 
 from scheduler import timeseries
 from scheduler.admission import AdmissionRefused, request_submit
+from scheduler.generation import Timings, Usage
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.queues import job_enqueue
 from scheduler.redis import new_async_redis, sync_redis
+from scheduler.services import GenerationOutcome
+from tests.generation_jobs import generation_job
 
 
 def _run(body):
@@ -28,19 +31,18 @@ def _run(body):
 def _record_answers(answers: list[dict]) -> None:
     async def body(client):
         for answer in answers:
-            await timeseries.answer_record(client, **answer)
+            await timeseries.answer_record(client, variant=answer["variant"], outcome=answer["outcome"])
 
     _run(body)
 
 
 def _answer(variant="stable", status="done", ttft_ms=100.0, output_tokens=11, duration_ms=600.0) -> dict:
-    return {
-        "variant": variant,
-        "status": status,
-        "ttft_ms": ttft_ms,
-        "output_tokens": output_tokens,
-        "duration_ms": duration_ms,
-    }
+    outcome = GenerationOutcome(
+        status=status,
+        usage=Usage(prompt_tokens=5, completion_tokens=output_tokens),
+        timings=Timings(queue_ms=0.0, ttft_ms=ttft_ms, duration_ms=duration_ms, engine="simulated"),
+    )
+    return {"variant": variant, "outcome": outcome}
 
 
 def test_percentiles_from_the_bins_are_within_the_bin_resolution():
@@ -77,11 +79,10 @@ def test_finished_answers_are_counted_with_their_latencies_and_tokens():
 def test_refusals_are_counted_by_reason():
     TierPolicy.objects.filter(tier="normal").update(bucket_capacity=1, refill_per_s=0.001)
     policies_mirror()
-    submit = {"client_id": "user:1", "tier": "normal", "variant": "stable", "payload": {"messages": []}}
-    request_submit(request_id="r1", **submit)
-    for n in range(3):
+    request_submit(job=generation_job(client_id="user:1"))
+    for _ in range(3):
         with pytest.raises(AdmissionRefused):
-            request_submit(request_id=f"r{n + 2}", **submit)
+            request_submit(job=generation_job(client_id="user:1"))
     refusals = sum((b.refusals for b in timeseries.series_buckets(seconds=30)), start=Counter())
     assert refusals == {"rate_limited_user": 3}
 
@@ -89,10 +90,8 @@ def test_refusals_are_counted_by_reason():
 def test_a_workers_heartbeat_samples_its_variants_queue_depths():
     for n in range(4):
         job_enqueue(
-            variant="stable",
             tier="normal" if n else "vip",
-            request_id=f"r{n}",
-            payload={},
+            job=generation_job(f"r{n}"),
             max_queued=100,
             wait_slo_s=1000,
             max_wait_s=60,

@@ -9,7 +9,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from admin_console import services as console_services
 from chat import api_keys
-from chat.models import ApiKey, User
+from chat.models import ACCOUNT_TIERS, ApiKey, User
 
 
 class Command(BaseCommand):
@@ -21,7 +21,7 @@ class Command(BaseCommand):
         create.add_argument("--user", required=True, help="Username of the key's owner.")
         create.add_argument("--name", default="", help="What the key is for.")
         create.add_argument(
-            "--tier", default="", choices=["", *User.Tier.values], help="Default: the owner's tier."
+            "--tier", default="", choices=["", *ACCOUNT_TIERS], help="Default: the owner's tier."
         )
         revoke = actions.add_parser("revoke", help="Revoke a key by the prefix `apikey list` shows.")
         revoke.add_argument("prefix")

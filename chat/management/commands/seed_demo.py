@@ -13,11 +13,12 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandParser
 
 from chat.models import User
+from scheduler.generation import Tier
 
 CUSTOMERS = [
     # username, password, tier
-    ("alice", "alice-demo-pass", User.Tier.NORMAL),
-    ("victor", "victor-demo-pass", User.Tier.VIP),
+    ("alice", "alice-demo-pass", Tier.NORMAL),
+    ("victor", "victor-demo-pass", Tier.VIP),
 ]
 STAFF_USERNAME = "sam"
 # What earlier versions gave the staff account (as a superuser): replaced wherever it is found.

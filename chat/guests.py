@@ -1,0 +1,61 @@
+"""Guests are known by a key in a signed cookie, given with the first page they see.
+
+Not a stored session: a visit writes nothing to the database, and everything a guest sends at
+once (a burst of first messages, two tabs) carries the same key, where lazily made sessions
+would give each of those requests a session of its own.
+"""
+
+from __future__ import annotations
+
+import functools
+import secrets
+from collections.abc import Callable
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse
+
+COOKIE = "guest"
+_SALT = "chat.guest"
+
+
+def guest_key(request: HttpRequest) -> str:
+    """The guest's key: from their cookie, or a new one that `guest_remember` then sets."""
+    key = getattr(request, "_guest_key", None)
+    if key is None:
+        key = request.get_signed_cookie(COOKIE, default="", salt=_SALT)
+        if not key:
+            key = secrets.token_urlsafe(24)
+            request._guest_key_is_new = True  # type: ignore[attr-defined]
+        request._guest_key = key  # type: ignore[attr-defined]
+    return key
+
+
+def guest_key_known(request: HttpRequest) -> str:
+    """The key the guest already holds, or "" (reading never makes one)."""
+    return request.get_signed_cookie(COOKIE, default="", salt=_SALT)
+
+
+def guest_remember(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """Give the guest the cookie for a key made during this request."""
+    if getattr(request, "_guest_key_is_new", False):
+        response.set_signed_cookie(
+            COOKIE,
+            request._guest_key,  # type: ignore[attr-defined]
+            salt=_SALT,
+            max_age=settings.SESSION_COOKIE_AGE,
+            secure=settings.SESSION_COOKIE_SECURE,
+            httponly=True,
+            samesite="Lax",
+        )
+    return response
+
+
+def remembering(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A view after which a guest holds the cookie of any key made while it ran."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        return guest_remember(request, view(request, *args, **kwargs))
+
+    return wrapper

@@ -1,0 +1,60 @@
+"""Writes of the generation record (scheduler.models.Generation): created at admission,
+finished once by the worker that ran it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.utils import timezone
+
+from scheduler.generation import GenerationJob, Timings, Usage
+from scheduler.models import Generation
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationOutcome:
+    """How one generation ended, as its worker writes it."""
+
+    status: Generation.Status  # anything but pending
+    text: str = ""
+    finish_reason: str = ""
+    error_code: str = ""
+    error_message: str = ""
+    usage: Usage = field(default_factory=Usage)
+    timings: Timings | None = None
+
+
+def generation_create(*, job: GenerationJob) -> Generation:
+    """The request's record, pending until its worker finishes it. A resubmission of the same
+    request (a batch task that died mid-submission) finds the record it made."""
+    generation, _ = Generation.objects.get_or_create(
+        request_id=job.request_id,
+        defaults={"origin": job.origin, "variant": job.variant, "tier": job.tier, "client_id": job.client_id},
+    )
+    return generation
+
+
+def generation_discard(*, request_id: str) -> None:
+    """Forget a request that was not admitted."""
+    Generation.objects.filter(request_id=request_id, status=Generation.Status.PENDING).delete()
+
+
+def generation_finish(*, request_id: str, outcome: GenerationOutcome) -> bool:
+    """Store how the generation ended. Idempotent on request_id: a replayed finish changes
+    nothing and returns False (as it does for a record that no longer exists)."""
+    timings = outcome.timings
+    updated = Generation.objects.filter(request_id=request_id, status=Generation.Status.PENDING).update(
+        status=outcome.status,
+        text=outcome.text,
+        finish_reason=outcome.finish_reason,
+        error_code=outcome.error_code,
+        error_message=outcome.error_message,
+        prompt_tokens=outcome.usage.prompt_tokens,
+        completion_tokens=outcome.usage.completion_tokens,
+        queue_ms=timings.queue_ms if timings else None,
+        ttft_ms=timings.ttft_ms if timings else None,
+        duration_ms=timings.duration_ms if timings else None,
+        engine=timings.engine if timings else "",
+        finished_at=timezone.now(),
+    )
+    return updated == 1

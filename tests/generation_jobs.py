@@ -1,0 +1,58 @@
+"""Generation jobs for tests that submit or enqueue without going through chat or the API."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+
+from django.utils import timezone
+
+from scheduler.generation import GenerationJob, Origin, SamplingParams, Tier
+from scheduler.models import Generation
+
+
+def generation_job(
+    request_id: str | None = None,
+    *,
+    tier: str = Tier.NORMAL,
+    variant: str = "stable",
+    client_id: str = "c1",
+    messages: list[dict[str, str]] | None = None,
+    origin: Origin = Origin.CHAT,
+    max_tokens: int = 16,
+    disconnect_grace_s: float | None = None,
+) -> GenerationJob:
+    return GenerationJob(
+        request_id=request_id or str(uuid.uuid4()),
+        origin=origin,
+        messages=messages if messages is not None else [{"role": "user", "content": "Hello?"}],
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, top_p=1.0),
+        client_id=client_id,
+        tier=Tier(tier),
+        variant=variant,
+        disconnect_grace_s=disconnect_grace_s,
+    )
+
+
+def generation_record(
+    *,
+    variant: str = "stable",
+    status: str = "done",
+    text: str = "Hi",
+    error_code: str = "",
+    ttft_ms: float | None = None,
+    origin: Origin = Origin.CHAT,
+    finished_at: datetime | None = None,
+) -> Generation:
+    """A generation as admission and its worker leave it (pending ones are not finished)."""
+    return Generation.objects.create(
+        request_id=uuid.uuid4(),
+        origin=origin,
+        variant=variant,
+        tier=Tier.NORMAL,
+        status=status,
+        text=text,
+        error_code=error_code,
+        ttft_ms=ttft_ms,
+        finished_at=None if status == "pending" else (finished_at or timezone.now()),
+    )

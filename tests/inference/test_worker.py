@@ -1,0 +1,316 @@
+"""The worker's decisions, without processes: which tiers may start (`_room`), aging, and each
+way a job can end in `_serve_job`. A scripted engine stands in for the model; the queue, the
+result stream and the generation record are the real ones (test Redis, test database)."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+
+from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
+from inference.worker import InferenceWorker, WorkerConfig, _Running
+from scheduler import control, keys
+from scheduler.admission import request_submit
+from scheduler.generation import Tier
+from scheduler.models import Generation
+from scheduler.queues import Job, JobQueue
+from scheduler.redis import new_async_redis, sync_redis
+from scheduler.results import ResultPublisher
+from scheduler.services import GenerationOutcome, generation_finish
+from tests.generation_jobs import generation_job
+
+pytestmark = pytest.mark.django_db
+
+HANG = "hang"  # the engine stops producing and waits (to be cancelled or timed out)
+
+
+class ScriptedEngine:
+    """Streams the given texts, then ends (`stop`), hangs, or raises the given exception."""
+
+    label = "scripted"
+    max_num_seqs = 4
+
+    def __init__(self, *texts: str, then: BaseException | str | None = None) -> None:
+        self.texts = texts
+        self.then = then
+        self.wrote_all = asyncio.Event()
+
+    async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
+        for n, text in enumerate(self.texts, start=1):
+            last = n == len(self.texts) and self.then is None
+            yield Delta(text=text, output_tokens=n, prompt_tokens=5, finish_reason="stop" if last else None)
+        self.wrote_all.set()
+        if self.then == HANG:
+            await asyncio.Event().wait()
+        elif isinstance(self.then, BaseException):
+            raise self.then
+
+    async def start(self) -> None: ...
+
+    async def abort(self, request_id: str) -> None: ...
+
+    def stats(self) -> EngineStats:
+        return EngineStats(0, 0, 0.0, 0, 0, "process-rss")
+
+    async def shutdown(self) -> None: ...
+
+
+def _worker(engine: Any, **config: Any) -> InferenceWorker:
+    defaults = {
+        "variant": "stable",
+        "vip_reserved_slots": 1,
+        "lease_s": 30.0,
+        "max_attempts": 3,
+        "generation_timeout_s": 30.0,
+        "heartbeat_s": 1.0,
+        "drain_timeout_s": 1.0,
+        "service_time_prior_s": 1.0,
+        "normal_aging_s": 30.0,
+        "batch_max_slots": 2,
+    }
+    return InferenceWorker(engine, WorkerConfig(**{**defaults, **config}))
+
+
+def _serve(
+    worker: InferenceWorker,
+    *,
+    before: Callable[[InferenceWorker, Job], Awaitable[None]] | None = None,
+    adjust: Callable[[Job], Job] = lambda job: job,
+) -> Job:
+    """Claim the one queued job and serve it as the worker does, to its end."""
+
+    async def scenario() -> Job:
+        client = new_async_redis()
+        worker.queue = JobQueue(client, variant="stable", consumer=worker.worker_id)
+        worker.publisher = ResultPublisher(client)
+        publishing = asyncio.create_task(worker.publisher.run())
+        try:
+            await worker.queue.ensure_groups()
+            [job] = await worker.queue.claim(total=1, per_tier=dict.fromkeys(Tier, 1))
+            job = adjust(job)
+            await worker._start_jobs([job])
+            task = worker.running[job.request_id].task
+            if before is not None:
+                await before(worker, job)
+            await asyncio.wait([task])
+            return job
+        finally:
+            publishing.cancel()
+            await client.aclose()
+
+    return async_to_sync(scenario)()
+
+
+def _submit(tier: str = Tier.NORMAL) -> str:
+    job = generation_job(tier=tier, disconnect_grace_s=10.0)
+    request_submit(job=job)
+    return job.request_id
+
+
+def _events(request_id: str) -> list[tuple[str, dict]]:
+    entries = sync_redis().xrange(keys.result("stable", request_id))
+    return [(fields["type"], json.loads(fields["data"])) for _, fields in entries]
+
+
+def _pending(tier: str = Tier.NORMAL) -> int:
+    return sync_redis().xpending(keys.queue("stable", tier), keys.CONSUMER_GROUP)["pending"]
+
+
+def _in_flight(client_id: str = "c1") -> int:
+    return sync_redis().zcard(keys.inflight(client_id))
+
+
+# --- how a job ends ---------------------------------------------------------------------------
+
+
+def test_a_done_answer_is_stored_published_acknowledged_and_released():
+    request_id = _submit()
+    _serve(_worker(ScriptedEngine("Your ", "order ", "shipped.")))
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.text, answer.finish_reason) == ("done", "Your order shipped.", "stop")
+    assert (answer.prompt_tokens, answer.completion_tokens, answer.engine) == (5, 3, "scripted")
+    assert answer.ttft_ms is not None and answer.finished_at is not None
+    kinds = [kind for kind, _ in _events(request_id)]
+    assert kinds == ["queued", "start", "token", "token", "token", "done"]
+    assert (_pending(), _in_flight()) == (0, 0)
+
+
+def test_a_job_cancelled_before_it_started_never_reaches_the_engine():
+    request_id = _submit()
+    control.request_cancel(request_id=request_id)
+    engine = ScriptedEngine("never ")
+    _serve(_worker(engine))
+    assert not engine.wrote_all.is_set()
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.text, answer.finish_reason) == ("cancelled", "", "cancelled")
+    assert _events(request_id)[-1] == ("done", {"finish_reason": "cancelled", "usage": {
+        "prompt_tokens": 0, "completion_tokens": 0}, "timings": {}})  # fmt: skip
+    assert (_pending(), _in_flight()) == (0, 0)
+
+
+def test_a_job_cancelled_mid_answer_keeps_what_was_written():
+    request_id = _submit()
+    engine = ScriptedEngine("Half ", "an ", then=HANG)
+
+    async def cancel_after_the_tokens(worker: InferenceWorker, job: Job) -> None:
+        await engine.wrote_all.wait()
+        worker.cancel(job.request_id)
+
+    _serve(_worker(engine), before=cancel_after_the_tokens)
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.text, answer.finish_reason) == ("cancelled", "Half an ", "cancelled")
+    assert _events(request_id)[-1][0] == "done"
+    assert (_pending(), _in_flight()) == (0, 0)
+
+
+def test_a_job_that_waited_past_its_deadline_expires_without_running():
+    request_id = _submit()
+    engine = ScriptedEngine("late ")
+    _serve(_worker(engine), adjust=lambda job: dataclasses.replace(job, deadline=time.time() - 1))
+    assert not engine.wrote_all.is_set()
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.error_code) == ("error", "expired")
+    assert _events(request_id)[-1][0] == "error"
+    assert (_pending(), _in_flight()) == (0, 0)
+
+
+def test_an_answer_over_the_generation_timeout_ends_with_a_timeout_error():
+    request_id = _submit()
+    _serve(_worker(ScriptedEngine("Slow ", then=HANG), generation_timeout_s=0.2))
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.error_code, answer.text) == ("error", "timeout", "Slow ")
+    assert _events(request_id)[-1] == ("error", {"code": "timeout", "message": answer.error_message})
+    assert (_pending(), _in_flight()) == (0, 0)
+
+
+def test_a_request_the_engine_fails_ends_with_an_error_and_is_not_retried():
+    request_id = _submit()
+    _serve(_worker(ScriptedEngine("Bro", then=EngineRequestError("bad request"))))
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.error_code, answer.text) == ("error", "engine_error", "Bro")
+    assert _events(request_id)[-1][0] == "error"
+    assert (_pending(), _in_flight()) == (0, 0)
+
+
+def test_a_dead_engine_drains_the_worker_and_leaves_the_job_for_another():
+    request_id = _submit()
+    worker = _worker(ScriptedEngine("Lost ", then=EngineDeadError("CUDA error")))
+    _serve(worker)
+    assert worker.draining and isinstance(worker.fatal, EngineDeadError)
+    assert request_id in worker.running  # handed back to the queue when the worker stops
+    assert Generation.objects.get(request_id=request_id).status == "pending"
+    assert _events(request_id)[-1][0] == "token"  # no end: the next worker resets and restarts
+    assert (_pending(), _in_flight()) == (1, 1)
+
+
+def test_a_job_reclaimed_after_its_worker_died_mid_answer_restarts_with_a_reset():
+    request_id = _submit()
+    # The dead worker's start and first token are in the stream.
+    sync_redis().xadd(
+        keys.result("stable", request_id), {"type": "start", "data": json.dumps({"attempt": 1})}
+    )
+    sync_redis().xadd(
+        keys.result("stable", request_id), {"type": "token", "data": json.dumps({"seq": 0, "text": "Old "})}
+    )
+    _serve(_worker(ScriptedEngine("New ", "answer.")), adjust=lambda job: dataclasses.replace(job, attempt=2))
+    kinds = [kind for kind, _ in _events(request_id)]
+    assert kinds == ["queued", "start", "token", "reset", "start", "token", "token", "done"]
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.text) == ("done", "New answer.")
+    assert (_pending(), _in_flight()) == (0, 0)
+
+
+def test_a_job_finished_before_its_worker_could_acknowledge_it_is_only_acknowledged():
+    request_id = _submit()
+    # Its first worker stored and published the answer, then died before acknowledging.
+    generation_finish(
+        request_id=request_id, outcome=GenerationOutcome(status=Generation.Status.DONE, text="Once.")
+    )
+    sync_redis().xadd(
+        keys.result("stable", request_id), {"type": "done", "data": json.dumps({"finish_reason": "stop"})}
+    )
+    events = _events(request_id)
+    engine = ScriptedEngine("Twice.")
+    _serve(_worker(engine), adjust=lambda job: dataclasses.replace(job, attempt=2))
+    assert not engine.wrote_all.is_set()
+    assert _events(request_id) == events
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.text) == ("done", "Once.")
+    assert _pending() == 0
+
+
+def test_a_second_finish_of_the_same_generation_changes_nothing():
+    request_id = _submit()
+    _serve(_worker(ScriptedEngine("First.")))
+    replayed = GenerationOutcome(status=Generation.Status.ERROR, error_code="failed", error_message="...")
+    assert generation_finish(request_id=request_id, outcome=replayed) is False
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.text) == ("done", "First.")
+
+
+# --- what may start --------------------------------------------------------------------------
+
+
+def _running(worker: InferenceWorker, *tiers: str) -> None:
+    for n, tier in enumerate(tiers):
+        job = Job(
+            entry_id=f"0-{n}",
+            variant="stable",
+            tier=tier,
+            request_id=f"r{n}",
+            seq=n,
+            enqueued_at=0.0,
+            deadline=0.0,
+            generation=generation_job(f"r{n}", tier=tier),
+        )
+        worker.running[job.request_id] = _Running(job=job)
+
+
+def test_normal_and_batch_work_leave_the_vip_reserve_free():
+    worker = _worker(ScriptedEngine(), vip_reserved_slots=1, batch_max_slots=2)  # 4 slots
+    assert worker._room() == {Tier.VIP: 4, Tier.NORMAL: 3, Tier.BATCH: 2}
+    _running(worker, Tier.NORMAL, Tier.NORMAL)
+    assert worker._room() == {Tier.VIP: 2, Tier.NORMAL: 1, Tier.BATCH: 1}
+    _running(worker, Tier.NORMAL, Tier.NORMAL, Tier.NORMAL)
+    assert worker._room() == {Tier.VIP: 1, Tier.NORMAL: 0, Tier.BATCH: 0}
+
+
+def test_vip_work_does_not_use_up_the_room_of_normal_work_beyond_the_slots():
+    worker = _worker(ScriptedEngine(), vip_reserved_slots=1, batch_max_slots=2)
+    _running(worker, Tier.VIP, Tier.VIP)
+    assert worker._room() == {Tier.VIP: 2, Tier.NORMAL: 2, Tier.BATCH: 2}
+    _running(worker, Tier.VIP, Tier.VIP, Tier.BATCH, Tier.BATCH)
+    assert worker._room() == {Tier.VIP: 0, Tier.NORMAL: 0, Tier.BATCH: 0}
+
+
+def test_batch_work_holds_at_most_its_share_of_slots():
+    worker = _worker(ScriptedEngine(), vip_reserved_slots=0, batch_max_slots=2)
+    _running(worker, Tier.BATCH, Tier.BATCH)
+    assert worker._room() == {Tier.VIP: 2, Tier.NORMAL: 2, Tier.BATCH: 0}
+
+
+def test_a_normal_job_waiting_past_the_aging_time_goes_before_vip():
+    normal = _submit(Tier.NORMAL)
+    vip = _submit(Tier.VIP)
+
+    async def claim(aging_s: float | None) -> list[str]:
+        client = new_async_redis()
+        try:
+            queue = JobQueue(client, variant="stable", consumer="w")
+            await queue.ensure_groups()
+            jobs = await queue.claim(total=1, per_tier=dict.fromkeys(Tier, 1), aging_s=aging_s)
+            return [job.request_id for job in jobs]
+        finally:
+            await client.aclose()
+
+    assert async_to_sync(claim)(aging_s=30.0) == [vip]  # nobody has waited long: VIP first
+    other_vip = _submit(Tier.VIP)
+    assert async_to_sync(claim)(aging_s=0.0) == [normal]  # the normal job has waited past 0 s
+    assert async_to_sync(claim)(aging_s=0.0) == [other_vip]

@@ -1,0 +1,117 @@
+"""The generation contract: the job and the events survive their trip through Redis as they
+were sent, the fold tells the answer as a reader must show it, and the record is made at
+admission and gone when admission refuses."""
+
+import json
+
+import pytest
+
+from scheduler.admission import AdmissionRefused, request_submit
+from scheduler.generation import (
+    AnswerFold,
+    Done,
+    Error,
+    GenerationJob,
+    Origin,
+    Queued,
+    Reset,
+    SamplingParams,
+    Start,
+    Tier,
+    Timings,
+    Token,
+    Usage,
+    event_decode,
+    event_encode,
+)
+from scheduler.models import Generation, TierPolicy
+from scheduler.policy import policies_mirror
+from tests.generation_jobs import generation_job
+
+
+def test_a_job_decodes_to_what_was_encoded():
+    job = GenerationJob(
+        request_id="5d0c7f0e-0000-4000-8000-000000000001",
+        origin=Origin.API,
+        messages=[{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}],
+        sampling=SamplingParams(max_tokens=12, temperature=0.2, top_p=0.5, stop=("\n\n",)),
+        client_id="key:7",
+        tier=Tier.VIP,
+        variant="candidate",
+        disconnect_grace_s=None,
+    )
+    assert GenerationJob.decode(job.encode()) == job
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        Queued(seq=3, tier=Tier.BATCH),
+        Start(worker="w-1", variant="stable", attempt=2),
+        Token(seq=0, text="Hello "),
+        Reset(reason="worker_restarted", attempt=2),
+        Done(finish_reason="length", usage=Usage(5, 7), timings=Timings(1.0, 2.0, 30.0, "simulated")),
+        Done(finish_reason="cancelled"),
+        Error(code="timeout", message="Too slow."),
+    ],
+)
+def test_each_event_decodes_to_what_was_encoded(body):
+    kind, data = event_encode(body)
+    assert event_decode(kind, json.loads(data)) == body
+
+
+def test_an_unknown_event_type_is_refused():
+    with pytest.raises(ValueError, match="unknown result event"):
+        event_decode("surprise", {})
+
+
+def test_the_fold_keeps_the_text_since_the_last_reset_and_stops_at_the_end():
+    answer = AnswerFold().add_all(
+        [
+            Start(worker="w", variant="v", attempt=1),
+            Token(0, "Lost "),
+            Reset(reason="worker_restarted", attempt=2),
+            Token(0, "Kept "),
+            Token(1, "text."),
+            Error(code="engine_error", message="Broke."),
+            Token(2, "after the end"),
+        ]
+    )
+    assert (answer.text, answer.end) == ("Kept text.", Error(code="engine_error", message="Broke."))
+
+
+def test_the_fold_hands_out_new_text_once_and_notices_a_reset_after_text_went_out():
+    answer = AnswerFold()
+    answer.add_all([Token(0, "Your "), Reset(reason="worker_restarted", attempt=2)])
+    assert (answer.unsent(), answer.restarted_after_sending) == ("", False)  # nothing went out yet
+    answer.add_all([Token(0, "Your "), Token(1, "order ")])
+    assert answer.unsent() == "Your order "
+    assert answer.unsent() == ""
+    answer.add(Reset(reason="worker_restarted", attempt=3))
+    assert answer.restarted_after_sending
+
+
+@pytest.mark.django_db
+def test_an_admitted_request_has_a_pending_record():
+    job = generation_job(tier=Tier.VIP, variant="candidate", client_id="key:3", origin=Origin.API)
+    request_submit(job=job)
+    record = Generation.objects.get(request_id=job.request_id)
+    assert (record.origin, record.tier, record.variant, record.client_id, record.status) == (
+        "api",
+        "vip",
+        "candidate",
+        "key:3",
+        "pending",
+    )
+
+
+@pytest.mark.django_db
+def test_a_refused_request_leaves_no_record():
+    TierPolicy.objects.filter(tier="normal").update(bucket_capacity=1, refill_per_s=0.001)
+    policies_mirror()
+    request_submit(job=generation_job(client_id="user:1"))
+    refused = generation_job(client_id="user:1")
+    with pytest.raises(AdmissionRefused):
+        request_submit(job=refused)
+    assert not Generation.objects.filter(request_id=refused.request_id).exists()
+    assert Generation.objects.count() == 1
