@@ -13,6 +13,7 @@ from django.utils import timezone
 from admin_console.models import AuditLog, CanaryRollout
 from chat.models import Message
 from scheduler import keys, timeseries
+from scheduler.autoscale import workers_desired
 from scheduler.models import CanaryRouting, Generation, TierPolicy
 from scheduler.queues import queue_state
 from scheduler.workers import WorkerInfo, live_workers
@@ -67,10 +68,20 @@ class WorkerRow:
 
 
 @dataclass(frozen=True, slots=True)
+class FleetRow:
+    """A variant's workers: how many are live, how many the autoscaling signal asks for."""
+
+    variant: str
+    live: int
+    desired: int
+
+
+@dataclass(frozen=True, slots=True)
 class Dashboard:
     queues: list[QueueRow]
     queued_total: int
     longest_wait_s: float
+    fleet: list[FleetRow]
     workers: list[WorkerRow]
     running_total: int
     slots_total: int
@@ -118,10 +129,23 @@ def _rounded(value: float | None) -> float | None:
 def dashboard() -> Dashboard:
     now = time.time()
     infos = live_workers()
+    variants = _variants(infos)
     queues = [
         QueueRow(variant=variant, tier=tier, **asdict(queue_state(variant=variant, tier=tier)))
-        for variant in _variants(infos)
+        for variant in variants
         for tier in keys.TIERS
+    ]
+    fleet = [
+        FleetRow(
+            variant=variant,
+            live=sum(1 for info in infos if info.variant == variant),
+            desired=workers_desired(
+                variant=variant,
+                workers=infos,
+                queued={q.tier: q.queued for q in queues if q.variant == variant},
+            ),
+        )
+        for variant in variants
     ]
     buckets = timeseries.series_buckets(seconds=CHART_WINDOW_S + timeseries.BUCKET_S, now=now)
     live = [b for b in buckets if b.start > now - LIVE_WINDOW_S - timeseries.BUCKET_S]
@@ -136,6 +160,7 @@ def dashboard() -> Dashboard:
         queues=queues,
         queued_total=sum(q.queued for q in queues),
         longest_wait_s=max((q.predicted_wait_s for q in queues if q.queued), default=0.0),
+        fleet=fleet,
         workers=workers,
         running_total=sum(w.running for w in workers),
         slots_total=sum(w.slots for w in workers),

@@ -327,6 +327,11 @@ WORKER_DRAIN_TIMEOUT_S = env_float("WORKER_DRAIN_TIMEOUT_S", 30.0)
 WORKER_TERMINATION_GRACE_S = env_float("WORKER_TERMINATION_GRACE_S", 40.0)
 # A worker's guess of how long an answer takes until it has measured some (wait predictions).
 SERVICE_TIME_PRIOR_S = env_float("SERVICE_TIME_PRIOR_S", 10.0)
+# The autoscaling signal (llm_workers_desired): admitted arrivals are averaged over this window,
+# and workers are asked for so that they are busy at most this share of the time, which leaves
+# room for a burst between two scaling decisions.
+AUTOSCALE_ARRIVAL_WINDOW_S = env_float("AUTOSCALE_ARRIVAL_WINDOW_S", 30.0)
+AUTOSCALE_TARGET_UTILIZATION = env_float("AUTOSCALE_TARGET_UTILIZATION", 0.8)
 
 # --- metrics ----------------------------------------------------------------------------------
 # /metrics (web) and the worker's exporter answer a scraper that sends `Authorization: Bearer

@@ -102,3 +102,18 @@ def tier_policy_stored_check(*, databases: Iterable[str] | None = None, **kwargs
         for row in rows
         for problem in tier_policy_problems(**row)
     ]
+
+
+@register()
+def autoscale_check(**kwargs: Any) -> list[CheckMessage]:
+    utilization = settings.AUTOSCALE_TARGET_UTILIZATION
+    if not 0 < utilization <= 1:
+        return [
+            Error(
+                f"AUTOSCALE_TARGET_UTILIZATION = {utilization:g}: the workers asked for "
+                "(llm_workers_desired) would be busy more than all of the time, or never.",
+                hint="Set AUTOSCALE_TARGET_UTILIZATION above 0 and at most 1 (default 0.8).",
+                id="scheduler.E004",
+            )
+        ]
+    return []

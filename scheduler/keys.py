@@ -28,6 +28,11 @@ def capacity(variant: str) -> str:
     return f"llm:{{{variant}}}:capacity"
 
 
+def arrivals(variant: str, tier: str, bucket_start: int) -> str:
+    """Counter: jobs admitted to the tier in the few seconds from `bucket_start` (expires)."""
+    return f"llm:{{{variant}}}:arrivals:{tier}:{bucket_start}"
+
+
 def dead_letter(variant: str) -> str:
     return f"llm:{{{variant}}}:dead"
 

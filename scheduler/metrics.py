@@ -27,6 +27,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from scheduler import keys
+from scheduler.autoscale import workers_desired
 from scheduler.policy import tier_policy
 from scheduler.queues import queue_state
 from scheduler.routing import canary_split
@@ -120,9 +121,11 @@ def _fleet_metrics() -> Iterator[Metric]:
         "service time; a floor while none reports).",
         labels=["variant", "tier"],
     )
+    queued: dict[str, dict[str, int]] = {}
     for variant in sorted(variants):
         for tier in keys.TIERS:
             state = queue_state(variant=variant, tier=tier)
+            queued.setdefault(variant, {})[tier] = state.queued
             depth.add_metric([variant, tier], state.queued)
             wait.add_metric([variant, tier], state.predicted_wait_s)
             drain.add_metric([variant, tier], state.drain_rate_per_s)
@@ -138,9 +141,19 @@ def _fleet_metrics() -> Iterator[Metric]:
     live = GaugeMetricFamily(
         "llm_workers_live", "Inference workers with a fresh heartbeat.", labels=["variant"]
     )
+    desired = GaugeMetricFamily(
+        "llm_workers_desired",
+        "Inference workers the variant needs now: admitted arrivals plus the queue cleared within "
+        "each tier's wait SLO, over what a worker finishes per second (slots outside the VIP "
+        "reserve for normal and batch), at AUTOSCALE_TARGET_UTILIZATION. KEDA scales on it.",
+        labels=["variant"],
+    )
     for variant in sorted(variants):
         live.add_metric([variant], sum(1 for worker in workers if worker.variant == variant))
-    yield live
+        desired.add_metric(
+            [variant], workers_desired(variant=variant, workers=workers, queued=queued[variant])
+        )
+    yield from (live, desired)
     yield from _worker_metrics(workers)
 
 

@@ -2,8 +2,9 @@
 
 Enqueue is one Lua script that checks the queue bound and the predicted wait (Little's law:
 jobs ahead / drain rate) and, when admitted, adds the job and its `queued` result
-event atomically. Workers claim in priority order, renew leases on what they run, and take
-over jobs whose lease expired (a dead worker's) until a job has used its attempts.
+event atomically, and counts it in the tier's arrival rate (the autoscaling signal reads it).
+Workers claim in priority order, renew leases on what they run, and take over jobs whose lease
+expired (a dead worker's) until a job has used its attempts.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from scheduler.generation import GenerationJob, Tier
 from scheduler.redis import NotReplicated, async_script, execute_replicated, sync_redis, sync_script
 
 MIN_DRAIN_RATE = 0.2  # jobs/s assumed while no live worker reports its capacity
+# Admitted jobs are counted per tier in buckets this wide; a rate is read over whole buckets.
+ARRIVAL_BUCKET_S = 5
 
 # The drain rate of a tier is the sum of what live workers report they can finish per second
 # (their slots / their measured mean service time): it holds through idle spells and bursts,
@@ -57,12 +60,13 @@ end
 _ENQUEUE = (
     _LUA_COMMON
     + """
--- KEYS: queue, enqueued, claimed, capacity, result, then (enqueued, claimed) of higher tiers
+-- KEYS: queue, enqueued, claimed, capacity, result, arrivals, then (enqueued, claimed) of
+--       higher tiers
 -- ARGV: max_queued, wait_slo_s, stale_s, min_rate, result_ttl_s, tier, request_id, job,
---       max_wait_s
+--       max_wait_s, arrivals_ttl_s
 local t = now()
 local own = queued(KEYS[2], KEYS[3])
-local wait = ahead(KEYS[2], KEYS[3], 6)
+local wait = ahead(KEYS[2], KEYS[3], 7)
   / drain_rate(KEYS[4], ARGV[6], t, tonumber(ARGV[3]), tonumber(ARGV[4]))
 if own >= tonumber(ARGV[1]) then return {0, own, tostring(wait), 'queue_full'} end
 if wait > tonumber(ARGV[2]) then return {0, own, tostring(wait), 'wait_over_slo'} end
@@ -72,6 +76,8 @@ local id = redis.call('XADD', KEYS[1], '*', 'seq', seq, 'enqueued_at', tostring(
                       'job', ARGV[8])
 redis.call('XADD', KEYS[5], '*', 'type', 'queued', 'data', cjson.encode({seq = seq, tier = ARGV[6]}))
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
+redis.call('INCR', KEYS[6])
+redis.call('EXPIRE', KEYS[6], tonumber(ARGV[10]))
 return {1, own + 1, tostring(wait), id}
 """
 )
@@ -263,6 +269,7 @@ def job_enqueue(
             keys.claimed_seq(variant, tier),
             keys.capacity(variant),
             keys.result(variant, request_id),
+            keys.arrivals(variant, tier, _arrival_bucket(time.time())),
             *_higher_tier_keys(variant, tier),
         ],
         args=[
@@ -275,6 +282,7 @@ def job_enqueue(
             request_id,
             job.encode(),
             max_wait_s,
+            settings.AUTOSCALE_ARRIVAL_WINDOW_S + 2 * ARRIVAL_BUCKET_S,
         ],
         client=pipe,
     )
@@ -291,6 +299,28 @@ def job_enqueue(
         predicted_wait_s=float(wait),
         refusal=None if admitted else detail,
     )
+
+
+def _arrival_bucket(at: float) -> int:
+    return int(at // ARRIVAL_BUCKET_S * ARRIVAL_BUCKET_S)
+
+
+def arrival_rates(*, variant: str, now: float | None = None) -> dict[str, float]:
+    """Jobs admitted per second to each of the variant's tiers, over the last
+    AUTOSCALE_ARRIVAL_WINDOW_S (whole buckets, the current one up to now)."""
+    now = time.time() if now is None else now
+    current = _arrival_bucket(now)
+    first = _arrival_bucket(now - settings.AUTOSCALE_ARRIVAL_WINDOW_S)
+    starts = range(first, current + 1, ARRIVAL_BUCKET_S)
+    counts = sync_redis().mget(
+        [keys.arrivals(variant, tier, start) for tier in keys.TIERS for start in starts]
+    )
+    elapsed_s = max(now - first, 1.0)
+    per_tier = len(starts)
+    return {
+        tier: sum(int(n or 0) for n in counts[i * per_tier : (i + 1) * per_tier]) / elapsed_s
+        for i, tier in enumerate(keys.TIERS)
+    }
 
 
 def _queue_state_call(variant: str, tier: str) -> dict[str, list]:

@@ -105,6 +105,24 @@ def test_the_dashboard_shows_queues_and_workers(client_staff):
     assert 'hx-trigger="every 2s' in html
 
 
+def test_the_dashboard_shows_the_workers_wanted_beside_the_live_ones(client_staff, settings):
+    settings.SERVICE_TIME_PRIOR_S = 60.0  # 6 slots below VIP, 60 s an answer: 0.1 normal job/s
+    heartbeat("stable")
+    for n in range(30):
+        job_enqueue(
+            tier="normal",
+            job=generation_job(f"r{n}"),
+            max_queued=100,
+            wait_slo_s=10**6,
+            max_wait_s=60,
+        )
+    html = client_staff.get("/console/").content.decode()
+    assert 'data-variant="stable" data-live="1"' in html
+    desired = int(html.split('data-variant="stable" data-live="1" data-desired="')[1].split('"')[0])
+    assert desired > 1
+    assert "stable: 1 live, <span" in html and f"{desired} desired</span>" in html
+
+
 def test_the_live_partial_swaps_the_tables_and_chart_data_out_of_band(client_staff):
     response = client_staff.get("/console/live", HTTP_HX_REQUEST="true")
     html = response.content.decode()

@@ -148,6 +148,28 @@ def test_a_canary_candidate_without_workers_shows_as_a_variant_with_none_live():
     assert _value(samples, "llm_queue_depth", variant="next", tier="normal") == 1
 
 
+def test_the_desired_worker_count_follows_each_variants_admitted_traffic(settings):
+    settings.AUTOSCALE_TARGET_UTILIZATION = 1.0
+    settings.AUTOSCALE_ARRIVAL_WINDOW_S = 30
+    settings.SERVICE_TIME_PRIOR_S = 6.0  # the heartbeat reports no measure: 8 slots, 6 below VIP
+    CanaryRouting.objects.update_or_create(
+        pk=1, defaults={"stable_variant": "stable", "candidate_variant": "next", "split_percent": 10}
+    )
+    routing.canary_mirror()
+    _heartbeat("w1", jobs_per_s=4.0, normal_jobs_per_s=2.0)
+    assert _value(_scrape(), "llm_workers_desired", variant="stable") == 0
+
+    for n in range(100):
+        _enqueue(f"normal-{n}", "normal")
+    samples = _scrape()
+
+    # 100 admitted over the last 30-35 s and 100 queued for the 60 s SLO: 4.5 to 5 jobs/s, at
+    # 1 job/s per worker (6 slots below VIP, 6 s an answer).
+    assert _value(samples, "llm_workers_desired", variant="stable") == 5
+    assert _value(samples, "llm_workers_live", variant="stable") == 1
+    assert _value(samples, "llm_workers_desired", variant="next") == 0
+
+
 def test_a_scrape_without_redis_still_answers_and_says_so(monkeypatch):
     def unreachable():
         raise redis.ConnectionError("Connection refused")
