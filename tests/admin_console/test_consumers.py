@@ -13,7 +13,7 @@ from config.routing import application
 from scheduler import timeseries
 from tests.admin_console.conftest import heartbeat
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("tier_policies")]
 
 PATH = "/console/live/socket"
 ORIGIN = (b"origin", b"http://localhost")
