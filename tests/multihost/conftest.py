@@ -30,23 +30,23 @@ MULTIHOST_SETTINGS = {
 
 
 def _missing() -> str | None:
-    if os.geteuid() != 0:
-        return "hosts are network namespaces: needs root"
     for tool in ("ip", "nginx", "redis-server", "setpriv"):
         if shutil.which(tool) is None:
-            return f"{tool} is not installed"
+            return f"{tool} is not installed (apt-get install iproute2 nginx redis-server util-linux)"
     try:
         postgres_bindir()
     except RuntimeError as exc:
-        return str(exc)
+        return f"{exc} (apt-get install postgresql)"
     return None
 
 
 @pytest.fixture(scope="session")
 def hosts():
+    if os.geteuid() != 0:
+        pytest.skip("hosts are network namespaces, which only root may make: run the tests as root")
     missing = _missing()
     if missing:
-        pytest.skip(missing)
+        pytest.fail(missing)
     workdir = Path(tempfile.mkdtemp(prefix="multihost-"))
     workdir.chmod(0o755)  # PostgreSQL runs as its own account under it
     topology = MultiHost(workdir, **MULTIHOST_SETTINGS)
