@@ -8,7 +8,7 @@ from chat import views as chat_views
 
 urlpatterns = [
     path("", include("chat.urls")),
-    path("v1/", include("chat.api_urls")),
+    path("v1/", include("api.urls")),
     # A signed-in visitor sent here with a `next` (staff following a link to the console) goes
     # straight on; Django checks that `next` stays on this site either way.
     path("accounts/login/", chat_views.LoginView.as_view(redirect_authenticated_user=True), name="login"),

@@ -11,7 +11,7 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, override_settings
 
-from chat import api_keys
+from api import keys as api_keys
 from chat.models import User
 from scheduler import keys, workers
 from scheduler.generation import Tier
