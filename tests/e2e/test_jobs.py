@@ -104,7 +104,7 @@ async def _vip_ttft_s(stack, key: str, n: int) -> float:
     client = openai.AsyncOpenAI(base_url=stack.base_url + "/v1", api_key=key, max_retries=0)
     started = time.monotonic()
     ttft = None
-    stream = await client.api.completions.create(
+    stream = await client.chat.completions.create(
         model="stable", messages=[{"role": "user", "content": f"VIP question {n}"}], stream=True
     )
     text = ""

@@ -46,7 +46,7 @@ def test_models_list_names_the_variant_the_worker_serves(stack, vip_key):
 
 
 def test_a_completion_returns_the_answer_with_usage_and_finish_reason(stack, vip_key):
-    completion = _client(stack, vip_key).api.completions.create(
+    completion = _client(stack, vip_key).chat.completions.create(
         model="stable", messages=QUESTION, max_tokens=12
     )
     [choice] = completion.choices
@@ -59,7 +59,7 @@ def test_a_completion_returns_the_answer_with_usage_and_finish_reason(stack, vip
 
 
 def test_a_streamed_completion_yields_the_answer_in_chunks_then_usage(stack, vip_key):
-    stream = _client(stack, vip_key).api.completions.create(
+    stream = _client(stack, vip_key).chat.completions.create(
         model="stable",
         messages=QUESTION,
         max_tokens=12,
@@ -79,7 +79,7 @@ def test_a_streamed_completion_yields_the_answer_in_chunks_then_usage(stack, vip
 
 def test_a_wrong_or_revoked_key_raises_authentication_error(stack):
     with pytest.raises(openai.AuthenticationError) as wrong:
-        _client(stack, "sk-" + "x" * 43).api.completions.create(model="stable", messages=QUESTION)
+        _client(stack, "sk-" + "x" * 43).chat.completions.create(model="stable", messages=QUESTION)
     assert wrong.value.code == "invalid_api_key"
     key = stack.create_api_key("alice")
     assert _client(stack, key).models.list().data
@@ -93,7 +93,7 @@ def test_a_flood_raises_rate_limit_error_and_the_client_honours_retry_after(stac
     plain = _client(stack, key)
     with pytest.raises(openai.RateLimitError) as refused:
         for _ in range(10):
-            plain.api.completions.create(model="stable", messages=QUESTION, max_tokens=1)
+            plain.chat.completions.create(model="stable", messages=QUESTION, max_tokens=1)
     assert refused.value.code == "rate_limit_exceeded"
     assert int(refused.value.response.headers["retry-after"]) >= 1
 
@@ -104,7 +104,7 @@ def test_a_flood_raises_rate_limit_error_and_the_client_honours_retry_after(stac
     for _ in range(5):
         statuses.clear()
         started = time.monotonic()
-        completion = patient.api.completions.create(model="stable", messages=QUESTION, max_tokens=1)
+        completion = patient.chat.completions.create(model="stable", messages=QUESTION, max_tokens=1)
         if statuses == [429, 200]:
             logger.info(
                 "refused, then served after %.2f s (Retry-After honoured)", time.monotonic() - started
@@ -115,7 +115,7 @@ def test_a_flood_raises_rate_limit_error_and_the_client_honours_retry_after(stac
 
 
 def test_a_client_that_drops_a_stream_cancels_its_generation(stack, vip_key):
-    stream = _client(stack, vip_key).api.completions.create(
+    stream = _client(stack, vip_key).chat.completions.create(
         model="stable", messages=QUESTION, max_tokens=400, stream=True
     )
     first = [next(stream) for _ in range(3)]
