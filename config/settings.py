@@ -65,6 +65,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "accounts",
     "chat",
     "api",
     "scheduler",
@@ -120,6 +121,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 30.0),
     }
 
+# Still in chat, not accounts: see accounts/apps.py.
 AUTH_USER_MODEL = "chat.User"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "chat:home"

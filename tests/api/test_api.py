@@ -18,7 +18,7 @@ from scheduler.generation import Tier
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import new_async_redis, sync_redis
-from tests.chat import worker_double
+from tests import worker_double
 
 pytestmark = pytest.mark.django_db
 

@@ -23,7 +23,7 @@ from scheduler.generation import Origin
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
-from tests.chat import worker_double
+from tests import worker_double
 from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db

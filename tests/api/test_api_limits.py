@@ -17,7 +17,7 @@ from inference.model_prep import default_model_dir, prepare_model
 from scheduler import keys
 from scheduler.prompt import prompt_encoder
 from scheduler.redis import sync_redis
-from tests.chat import worker_double
+from tests import worker_double
 
 pytestmark = pytest.mark.django_db
 
