@@ -16,9 +16,10 @@ from django.utils import timezone
 
 from admin_console import selectors
 from admin_console.models import AuditLog, CanaryRollout
-from chat import api_keys
-from chat.api_keys import IssuedApiKey
-from chat.models import ApiKey, User
+from api import keys as api_keys
+from api.keys import IssuedApiKey
+from api.models import ApiKey
+from chat.models import User
 from knowledge import services as knowledge_services
 from knowledge.models import Article
 from scheduler import control

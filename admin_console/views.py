@@ -20,9 +20,9 @@ from admin_console.forms import (
     CanaryStartForm,
     TierPolicyForm,
 )
-from chat import api_keys as key_services
-from chat.api_keys import IssuedApiKey
-from chat.models import ApiKey
+from api import keys as key_services
+from api.keys import IssuedApiKey
+from api.models import ApiKey
 from knowledge import selectors as knowledge_selectors
 from knowledge.embedding import EmbedderUnavailable
 from knowledge.models import Article

@@ -1,8 +1,7 @@
-"""Accounts (with their tier), conversations and messages, API keys and batch jobs.
+"""Accounts (with their tier), conversations and messages.
 
-Answers are not stored here: an assistant message and a batch item link to the scheduler's
-record of their generation (scheduler.models.Generation) by request id. The link has no
-database constraint because the record is made by admission, after the chat's own rows.
+Answers are not stored here: an assistant message links to the scheduler's record of its
+generation (scheduler.models.Generation) by request id.
 """
 
 import uuid
@@ -11,24 +10,11 @@ from django.contrib.auth.models import AbstractUser
 from django.db import models
 
 from scheduler.generation import Tier
-from scheduler.models import Generation
+from scheduler.models import generation_link
 
 # A customer's tier; batch is the tier of batch jobs, not of accounts.
 ACCOUNT_TIERS = (Tier.NORMAL, Tier.VIP)
 ACCOUNT_TIER_CHOICES = [(tier.value, tier.label) for tier in ACCOUNT_TIERS]
-
-
-def _generation_link(related_name: str) -> models.OneToOneField:
-    return models.OneToOneField(
-        Generation,
-        to_field="request_id",
-        db_column="request_id",
-        db_constraint=False,
-        null=True,
-        blank=True,
-        on_delete=models.DO_NOTHING,
-        related_name=related_name,
-    )
 
 
 class User(AbstractUser):
@@ -61,7 +47,7 @@ class Message(models.Model):
     role = models.CharField(max_length=16, choices=Role.choices)
     content = models.TextField(blank=True)  # user messages; an answer's text is its generation's
     # Assistant messages only: the generation that writes the answer.
-    generation = _generation_link("message")
+    generation = generation_link("message")
     # Assistant messages only: the help articles its prompt quoted, [{"slug", "title"}], best first.
     sources = models.JSONField(default=list, blank=True)
     # The asker's thumbs on a finished answer; the canary compares variants by it.
@@ -70,95 +56,3 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
-
-
-class ApiKey(models.Model):
-    """A key for the OpenAI-compatible API. Only its SHA-256 is stored: the key itself is shown
-    once, when it is made; `prefix` (its start) is what lists and revocation refer to."""
-
-    owner = models.ForeignKey(User, related_name="api_keys", on_delete=models.CASCADE)
-    name = models.CharField(max_length=100, blank=True)
-    prefix = models.CharField(max_length=16, unique=True)
-    key_hash = models.CharField(max_length=64, unique=True)
-    # Empty: the owner's tier, so a customer promoted to VIP brings their keys along.
-    tier = models.CharField(max_length=16, choices=ACCOUNT_TIER_CHOICES, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    last_used_at = models.DateTimeField(null=True, blank=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-        verbose_name = "API key"
-
-    def __str__(self) -> str:
-        return f"{self.prefix}… ({self.owner})"
-
-    @property
-    def effective_tier(self) -> str:
-        return self.tier or self.owner.tier
-
-    @property
-    def client_id(self) -> str:
-        """Who admission's per-client limits count against."""
-        return f"key:{self.pk}"
-
-
-class BatchJob(models.Model):
-    """Chat requests submitted together and answered in the `batch` tier, polled for results."""
-
-    class Status(models.TextChoices):
-        QUEUED = "queued", "Queued"
-        RUNNING = "running", "Running"
-        COMPLETED = "completed", "Completed"
-        CANCELLED = "cancelled", "Cancelled"
-        # Stopped because its API key was revoked: what was unanswered is cancelled.
-        KEY_REVOKED = "key_revoked", "Key revoked"
-
-    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    owner = models.ForeignKey(User, related_name="batch_jobs", on_delete=models.CASCADE)
-    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL)
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
-    # The Celery task feeding the job holds it until `lease_expires_at`; an empty `runner` means
-    # no task holds it and the next may take it at once (see chat.jobs).
-    runner = models.CharField(max_length=32, blank=True)
-    lease_expires_at = models.DateTimeField(null=True, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["-created_at"]
-        indexes = [models.Index(fields=["status", "lease_expires_at"])]
-
-    @property
-    def client_id(self) -> str:
-        """Who admission's per-client limits count against: the owner, across all their jobs.
-        Not `user:<id>`, whose in-flight requests are the owner's chat answers."""
-        return f"jobs:{self.owner_id}"
-
-
-class BatchJobItem(models.Model):
-    """One chat request of a job and, once answered, its result."""
-
-    class Status(models.TextChoices):
-        PENDING = "pending", "Pending"  # not yet admitted by the scheduler
-        SUBMITTED = "submitted", "Submitted"  # queued or generating
-        COMPLETED = "completed", "Completed"
-        FAILED = "failed", "Failed"
-        CANCELLED = "cancelled", "Cancelled"
-
-    job = models.ForeignKey(BatchJob, related_name="items", on_delete=models.CASCADE)
-    index = models.PositiveIntegerField()
-    request = models.JSONField()  # the validated request: messages and sampling parameters
-    # Set before the request is submitted, so a resumed job finds it again instead of asking
-    # twice; the answer is read through it.
-    generation = _generation_link("batch_item")
-    variant = models.CharField(max_length=64, blank=True)  # routed when the id is reserved
-    status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
-    submitted_at = models.DateTimeField(null=True, blank=True)
-    completed_at = models.DateTimeField(null=True, blank=True)
-
-    class Meta:
-        ordering = ["job", "index"]
-        constraints = [models.UniqueConstraint(fields=["job", "index"], name="batch_job_item_index_unique")]
-        indexes = [models.Index(fields=["job", "status"])]

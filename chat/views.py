@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import functools
 import logging
-import math
-from typing import Any
 from uuid import UUID
 
 from channels.db import database_sync_to_async
 from django.conf import settings
-from django.contrib.auth import views as auth_views
-from django.contrib.auth.forms import AuthenticationForm
 from django.http import (
     Http404,
     HttpRequest,
@@ -25,7 +21,7 @@ from django.utils.crypto import salted_hmac
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
-from chat import guests, login_throttle, selectors, services
+from chat import guests, selectors, services
 from chat.models import Conversation, Message, User
 from chat.relay import relay_events
 from chat.sse import SSE_HEADERS
@@ -261,36 +257,3 @@ async def stream(request: HttpRequest, request_id: UUID) -> HttpResponse:
         after_id=parse_event_id(request.headers.get("Last-Event-ID")),
     )
     return StreamingHttpResponse(events, content_type="text/event-stream", headers=SSE_HEADERS)
-
-
-class LoginView(auth_views.LoginView):
-    """Django's sign-in, throttled: too many failures for a username, or from an address, and
-    further attempts are refused with 429 (see chat.login_throttle)."""
-
-    def post(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        retry_after_s = login_throttle.login_retry_after_s(
-            username=request.POST.get("username", ""), address=client_address(request)
-        )
-        if not retry_after_s:
-            return super().post(request, *args, **kwargs)
-        minutes = math.ceil(retry_after_s / 60)
-        context = self.get_context_data(
-            form=AuthenticationForm(request),
-            refusal=f"Too many failed sign-in attempts. Please try again in {minutes} "
-            f"minute{'s' if minutes > 1 else ''}.",
-        )
-        response = self.render_to_response(context, status=429)
-        response["Retry-After"] = str(retry_after_s)
-        return response
-
-    def form_invalid(self, form: AuthenticationForm) -> HttpResponse:
-        login_throttle.login_failed(
-            username=self.request.POST.get("username", ""), address=client_address(self.request)
-        )
-        return super().form_invalid(form)
-
-    def form_valid(self, form: AuthenticationForm) -> HttpResponse:
-        login_throttle.login_succeeded(
-            username=self.request.POST.get("username", ""), address=client_address(self.request)
-        )
-        return super().form_valid(form)

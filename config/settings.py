@@ -65,7 +65,9 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "channels",
     "django_htmx",
+    "accounts",
     "chat",
+    "api",
     "scheduler",
     "admin_console",
     "knowledge",
@@ -119,6 +121,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 30.0),
     }
 
+# Still in chat, not accounts: see accounts/apps.py.
 AUTH_USER_MODEL = "chat.User"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "chat:home"
@@ -198,7 +201,7 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # batch-jobs`): however many jobs there are, the periodic tasks on the default queue (canary
 # rollback, reclaim, retention) never wait behind them.
 BATCH_JOBS_CELERY_QUEUE = "batch-jobs"
-CELERY_TASK_ROUTES = {"chat.tasks.job_run": {"queue": BATCH_JOBS_CELERY_QUEUE}}
+CELERY_TASK_ROUTES = {"api.tasks.job_run": {"queue": BATCH_JOBS_CELERY_QUEUE}}
 # Every Celery host may run beat: each periodic task is still sent once per period.
 CELERY_BEAT_SCHEDULER = "config.beat:OncePerPeriodScheduler"
 
@@ -387,5 +390,5 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": CANARY_EVALUATION_S,
         "options": {"expires": CANARY_EVALUATION_S},
     },
-    "resume-batch-jobs": {"task": "chat.tasks.jobs_resume", "schedule": BATCH_JOB_RESUME_S},
+    "resume-batch-jobs": {"task": "api.tasks.jobs_resume", "schedule": BATCH_JOB_RESUME_S},
 }

@@ -134,3 +134,18 @@ class Generation(models.Model):
 
     def __str__(self) -> str:
         return f"{self.origin} {self.request_id} ({self.status})"
+
+
+def generation_link(related_name: str) -> models.OneToOneField:
+    """A link from a row of a web app to the generation that writes its answer. No database
+    constraint: the generation is made by admission, after the linking row."""
+    return models.OneToOneField(
+        Generation,
+        to_field="request_id",
+        db_column="request_id",
+        db_constraint=False,
+        null=True,
+        blank=True,
+        on_delete=models.DO_NOTHING,
+        related_name=related_name,
+    )

@@ -1,5 +1,5 @@
 """The dependency rule of docs/ARCHITECTURE.md, checked on the source: the traffic layer
-(`scheduler`) and the worker (`inference`) import no web app (`chat`, `admin_console`)."""
+(`scheduler`) and the worker (`inference`) import no web app (`accounts`, `api`, `chat`, `admin_console`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-WEB_APPS = {"chat", "admin_console"}
+WEB_APPS = {"accounts", "api", "chat", "admin_console"}
 
 
 def _imported_packages(path: Path) -> set[str]:

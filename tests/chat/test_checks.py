@@ -1,4 +1,4 @@
-"""`manage.py check` on the settings of streams and batch jobs."""
+"""`manage.py check` on the settings of the chat's streams."""
 
 import pytest
 from django.core.checks import run_checks
@@ -20,7 +20,6 @@ def test_the_default_settings_pass():
         ({"SSE_HEARTBEAT_S": 0.0}, {"chat.E001"}),
         ({"SSE_STATUS_INTERVAL_S": 0.0}, {"chat.E002"}),
         ({"STREAM_DISCONNECT_GRACE_S": 1.0}, {"chat.W001"}),
-        ({"BATCH_JOB_LEASE_S": 1.5}, {"chat.E003"}),
     ],
 )
 def test_settings_that_do_not_agree_are_reported(overrides, expected):

@@ -1,7 +1,7 @@
 """Hostile input, generated: every parser of client input answers a clear 4xx or accepts, and
 never fails with a 500 or an exception.
 
-The API part walks every route under /v1 (chat.api_urls), so a new endpoint is covered here
+The API part walks every route under /v1 (api.urls), so a new endpoint is covered here
 without anyone extending this file. The chat part fills the chat's form fields and the headers
 its views read.
 """
@@ -18,9 +18,10 @@ from django.urls import URLPattern
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from chat import api_keys, api_urls
+from api import keys as api_keys
+from api import urls as api_urls
+from api.openai_shapes import ApiError, chat_request_parse, job_requests_parse
 from chat.models import Conversation, Message, User
-from chat.openai_shapes import ApiError, chat_request_parse, job_requests_parse
 from scheduler import keys
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror

@@ -14,7 +14,7 @@ from scheduler import keys
 from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
-from tests.chat import worker_double
+from tests import worker_double
 from tests.chat.conftest import guest_key_of
 from tests.generation_jobs import generation_record
 

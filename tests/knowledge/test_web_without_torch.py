@@ -17,7 +17,7 @@ PROGRAM = textwrap.dedent(
 
     django.setup()
     import config.asgi  # noqa: F401  (the web application and every view it routes to)
-    import admin_console.views, chat.views, knowledge.views  # noqa: F401, E401
+    import accounts.views, admin_console.views, api.views, chat.views, knowledge.views  # noqa: F401, E401
     from knowledge.embedding import embed
     from knowledge.index import IndexedChunk, KnowledgeIndex
 

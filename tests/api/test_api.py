@@ -11,14 +11,14 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, override_settings
 
-from chat import api_keys
+from api import keys as api_keys
 from chat.models import User
 from scheduler import keys, workers
 from scheduler.generation import Tier
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import new_async_redis, sync_redis
-from tests.chat import worker_double
+from tests import worker_double
 
 pytestmark = pytest.mark.django_db
 

@@ -15,7 +15,7 @@ from typing import Any
 from django.conf import settings
 from django.http import JsonResponse
 
-from chat.models import BatchJob, BatchJobItem
+from api.models import BatchJob, BatchJobItem
 from scheduler.admission import AdmissionRefused
 from scheduler.generation import SamplingParams, Usage
 from scheduler.prompt import ChatTemplateError, prompt_token_count

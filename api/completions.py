@@ -21,8 +21,8 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from chat.models import ApiKey
-from chat.openai_shapes import ApiError, ChatRequest, ChunkHeader, completion_id, completion_object
+from api.models import ApiKey
+from api.openai_shapes import ApiError, ChatRequest, ChunkHeader, completion_id, completion_object
 from chat.sse import sse_comment, sse_data
 from scheduler import control
 from scheduler.admission import request_submit

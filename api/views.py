@@ -20,9 +20,10 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from chat import api_keys, completions, jobs, openai_protocol
-from chat.models import ApiKey, BatchJob
-from chat.openai_shapes import (
+from api import completions, jobs, openai_protocol, tasks
+from api import keys as api_keys
+from api.models import ApiKey, BatchJob
+from api.openai_shapes import (
     ApiError,
     ChatRequest,
     api_error_for_refusal,
@@ -182,6 +183,7 @@ def job_create(request: HttpRequest) -> HttpResponse:
     except jobs.TooManyActiveJobs as exc:
         # No honest Retry-After: jobs take as long as they take. Clients should not loop.
         raise ApiError(429, str(exc), type="requests", code="too_many_active_jobs", retryable=False) from None
+    tasks.job_start(job.pk)
     response = JsonResponse(job_object(job, jobs.job_progress(job=job)), status=202)
     response["Location"] = reverse("api:job", args=[job.pk])
     return response

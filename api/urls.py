@@ -2,7 +2,7 @@
 
 from django.urls import path, re_path
 
-from chat import api
+from api import views as api
 
 app_name = "api"
 

@@ -8,8 +8,9 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from admin_console import services as console_services
-from chat import api_keys
-from chat.models import ACCOUNT_TIERS, ApiKey, User
+from api import keys as api_keys
+from api.models import ApiKey
+from chat.models import ACCOUNT_TIERS, User
 
 
 class Command(BaseCommand):

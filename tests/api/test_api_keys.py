@@ -11,8 +11,9 @@ from django.core.management.base import CommandError
 from django.test import Client
 
 from admin_console.models import AuditLog
-from chat import api_keys
-from chat.models import ApiKey, User
+from api import keys as api_keys
+from api.models import ApiKey
+from chat.models import User
 from scheduler.generation import Tier
 
 pytestmark = pytest.mark.django_db
@@ -160,12 +161,12 @@ def test_the_django_admin_lists_keys_without_secrets_and_revokes_them(alice):
     admin = Client()
     admin.force_login(User.objects.create(username="root", is_staff=True, is_superuser=True))
     issued = api_keys.api_key_create(owner=alice, name="warehouse")
-    listing = admin.get("/admin/chat/apikey/")
+    listing = admin.get("/admin/api/apikey/")
     assert listing.status_code == 200
     assert issued.api_key.prefix in listing.text
     assert issued.api_key.key_hash not in listing.text
     response = admin.post(
-        "/admin/chat/apikey/", {"action": "revoke", "_selected_action": [issued.api_key.pk]}, follow=True
+        "/admin/api/apikey/", {"action": "revoke", "_selected_action": [issued.api_key.pk]}, follow=True
     )
     assert "Revoked 1 key" in response.text
     with pytest.raises(api_keys.ApiKeyInvalid):

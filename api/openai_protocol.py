@@ -14,8 +14,8 @@ from django.conf import settings
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.json_schema import models_json_schema
 
-from chat.models import BatchJob, BatchJobItem
-from chat.openai_shapes import MAX_STOP_SEQUENCES, MIN_TOP_P, ROLES
+from api.models import BatchJob, BatchJobItem
+from api.openai_shapes import MAX_STOP_SEQUENCES, MIN_TOP_P, ROLES
 
 # --- requests -----------------------------------------------------------------------------------
 

@@ -11,13 +11,13 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import Client
 
-from chat import api_keys
+from api import keys as api_keys
 from chat.models import User
 from inference.model_prep import default_model_dir, prepare_model
 from scheduler import keys
 from scheduler.prompt import prompt_encoder
 from scheduler.redis import sync_redis
-from tests.chat import worker_double
+from tests import worker_double
 
 pytestmark = pytest.mark.django_db
 

@@ -11,9 +11,11 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
-from chat import api_keys, jobs, tasks
-from chat.models import ApiKey, BatchJob, BatchJobItem, User
-from chat.openai_shapes import chat_request_parse
+from api import jobs, tasks
+from api import keys as api_keys
+from api.models import ApiKey, BatchJob, BatchJobItem
+from api.openai_shapes import chat_request_parse
+from chat.models import User
 from config.celery import app
 from scheduler import keys
 from scheduler.admission import request_submit
@@ -21,7 +23,7 @@ from scheduler.generation import Origin
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
-from tests.chat import worker_double
+from tests import worker_double
 from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db
@@ -95,7 +97,7 @@ def test_a_job_is_accepted_with_202_and_a_task_is_sent_to_feed_it(issued, django
         f"Question {n}" for n in range(3)
     ]
     [(task, args)] = _tasks_sent()
-    assert task == "chat.tasks.job_run" and str(job.pk) in args
+    assert task == "api.tasks.job_run" and str(job.pk) in args
 
 
 @pytest.mark.parametrize(
@@ -290,7 +292,7 @@ def test_a_task_whose_slice_ends_hands_the_job_to_a_fresh_task(api_key, settings
     job = _job(api_key, 1)
     tasks.job_run(str(job.pk))
     [(task, args)] = _tasks_sent()
-    assert task == "chat.tasks.job_run" and str(job.pk) in args
+    assert task == "api.tasks.job_run" and str(job.pk) in args
     assert BatchJob.objects.get().runner == ""  # free for that task at once
 
 
@@ -305,7 +307,7 @@ def test_a_task_hands_its_job_on_at_once_when_its_worker_shuts_down(api_key, set
     finally:
         tasks._worker_stopping.clear()
     assert stopped_after_s < settings.BATCH_JOB_SLICE_S / 2  # not at the end of its slice
-    assert [task for task, _ in _tasks_sent()] == ["chat.tasks.job_run"]
+    assert [task for task, _ in _tasks_sent()] == ["api.tasks.job_run"]
     assert [i.status for i in _items(job)] == ["submitted"]
 
 
@@ -317,7 +319,7 @@ def test_the_sweep_restarts_only_jobs_whose_lease_ran_out(api_key):
     BatchJob.objects.filter(pk=done.pk).update(status="completed", lease_expires_at=None)
     assert tasks.jobs_resume() == 1
     [(task, args)] = _tasks_sent()
-    assert task == "chat.tasks.job_run" and str(stalled.pk) in args
+    assert task == "api.tasks.job_run" and str(stalled.pk) in args
     assert held.pk not in jobs.job_ids_stalled()
 
 
@@ -387,9 +389,9 @@ def test_job_slices_go_to_their_own_celery_queue_and_periodic_tasks_do_not(api_k
     settings.BATCH_JOB_SLICE_S = 0
     job = _job(api_key, 1)
     tasks.job_run(str(job.pk))
-    assert [task for task, _ in _tasks_sent("batch-jobs")] == ["chat.tasks.job_run"]
+    assert [task for task, _ in _tasks_sent("batch-jobs")] == ["api.tasks.job_run"]
     for entry in settings.CELERY_BEAT_SCHEDULE.values():
         app.send_task(entry["task"])
     sent_to_default = {task for task, _ in _tasks_sent("celery")}
     assert sent_to_default == {entry["task"] for entry in settings.CELERY_BEAT_SCHEDULE.values()}
-    assert [task for task, _ in _tasks_sent("batch-jobs")] == ["chat.tasks.job_run"]
+    assert [task for task, _ in _tasks_sent("batch-jobs")] == ["api.tasks.job_run"]

@@ -21,7 +21,6 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from functools import partial
 from uuid import UUID
 
 import redis
@@ -31,9 +30,9 @@ from django.db.models import Count, Q, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from chat.models import ApiKey, BatchJob, BatchJobItem, User
-from chat.openai_shapes import ChatRequest
-from config.celery import app as celery_app
+from api.models import ApiKey, BatchJob, BatchJobItem
+from api.openai_shapes import ChatRequest
+from chat.models import User
 from scheduler import control, keys
 from scheduler.admission import AdmissionRefused, request_submit
 from scheduler.generation import (
@@ -53,8 +52,6 @@ logger = logging.getLogger(__name__)
 
 ACTIVE = (BatchJob.Status.QUEUED, BatchJob.Status.RUNNING)
 UNFINISHED = (BatchJobItem.Status.PENDING, BatchJobItem.Status.SUBMITTED)
-# Named rather than imported: chat.tasks imports this module.
-JOB_RUN_TASK = "chat.tasks.job_run"
 READ_BLOCK_S = 1.0  # bounds how late a shutdown is noticed; below the Redis client's socket timeout
 REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 # A full queue's Retry-After is its whole predicted drain time, but room for the next request
@@ -66,11 +63,6 @@ def _lease() -> timedelta:
     return timedelta(seconds=settings.BATCH_JOB_LEASE_S)
 
 
-def _dispatch(job_id: UUID) -> None:
-    # Routed to the batch jobs' own queue (CELERY_TASK_ROUTES), which its own worker consumes.
-    celery_app.send_task(JOB_RUN_TASK, args=[str(job_id)])
-
-
 class TooManyActiveJobs(Exception):
     """The owner already has BATCH_JOB_MAX_ACTIVE_PER_OWNER jobs queued or running."""
 
@@ -79,7 +71,7 @@ class TooManyActiveJobs(Exception):
 
 
 def job_create(*, api_key: ApiKey, requests: list[ChatRequest]) -> BatchJob:
-    """Store the job and its requests; a Celery task starts feeding it once this commits.
+    """Store the job and its requests, ready for a Celery task to feed (api.tasks.job_start).
     Raises TooManyActiveJobs."""
     with transaction.atomic():
         # Locking the owner's row serialises one owner's creations, so two at once cannot both
@@ -102,7 +94,6 @@ def job_create(*, api_key: ApiKey, requests: list[ChatRequest]) -> BatchJob:
             )
             for n, request in enumerate(requests)
         )
-        transaction.on_commit(partial(_dispatch, job.pk))
     return job
 
 

@@ -1,0 +1,10 @@
+from django.apps import AppConfig
+
+
+class ApiConfig(AppConfig):
+    name = "api"
+    verbose_name = "API"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from api import checks  # noqa: F401  (registers the system checks)
