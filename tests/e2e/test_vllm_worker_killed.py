@@ -2,6 +2,8 @@
 no engine process behind; a new worker starts, serves, and the answer completes."""
 
 import asyncio
+import os
+import signal
 import time
 
 import psutil
@@ -32,10 +34,12 @@ def test_a_worker_killed_mid_answer_leaves_no_engine_and_a_new_worker_finishes_t
             first = await guest.stream(request_id, stop_after_tokens=2)
             [worker] = stack.workers
             engine = psutil.Process(worker.pid).children(recursive=True)
-            stack.kill_worker(worker)
-            stack.workers.remove(worker)
+            # As the OOM killer does: the worker's process alone, not its process group (which the
+            # launcher's own kill would take down, engine included).
+            os.kill(worker.pid, signal.SIGKILL)
             killed = time.monotonic()
             _, left = await asyncio.to_thread(psutil.wait_procs, engine, 30)
+            stack.kill_worker(worker)  # reaps it (and ends anything the guard missed)
             ended_s = time.monotonic() - killed
             print(f"{len(engine)} engine processes ended {ended_s:.1f} s after their worker")
             await asyncio.to_thread(stack.start_worker)
