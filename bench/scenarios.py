@@ -21,7 +21,7 @@ from bench.client import Session
 from bench.load import SessionPool, fixed_concurrency, poisson
 from bench.stats import RequestResult, distribution, percentile, summarize
 from launcher.stack import Stack
-from scheduler import keys, timeseries
+from scheduler import keys
 
 QUESTIONS = [
     "What is the capital of France?",
@@ -568,6 +568,11 @@ def console(*, tabs: list[int], window_s: float, refusals: int) -> dict:
     import redis as sync_redis_lib
 
     env = {**UNLIMITED, "INFERENCE_ENGINE": "simulated"}
+    import django
+
+    django.setup()
+    from scheduler import timeseries  # its module reaches the models: once Django is set up
+
     rows: dict[str, dict] = {}
     with running(env) as stack:
         web = psutil.Process(stack.web.pid)
