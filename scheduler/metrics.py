@@ -148,12 +148,18 @@ def _fleet_metrics() -> Iterator[Metric]:
         "reserve for normal and batch), at AUTOSCALE_TARGET_UTILIZATION. KEDA scales on it.",
         labels=["variant"],
     )
+    spare = GaugeMetricFamily(
+        "llm_workers_spare",
+        "Live workers waiting as warm spares: engine loaded, claiming nothing until needed.",
+        labels=["variant"],
+    )
     for variant in sorted(variants):
         live.add_metric([variant], sum(1 for worker in workers if worker.variant == variant))
+        spare.add_metric([variant], sum(1 for w in workers if w.variant == variant and w.state.get("spare")))
         desired.add_metric(
             [variant], workers_desired(variant=variant, workers=workers, queued=queued[variant])
         )
-    yield from (live, desired)
+    yield from (live, spare, desired)
     yield from _worker_metrics(workers)
 
 
