@@ -7,11 +7,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import metrics, routing, workers
 from scheduler.admission import AdmissionRefused, request_submit
-from scheduler.models import CanaryRouting
+from scheduler.models import CanaryRouting, WarmPool
 from scheduler.policy import tier_policy
 from scheduler.queues import job_enqueue
 from scheduler.redis import new_async_redis
 from scheduler.results import ResultFollower
+from scheduler.warmpool import spares_mirror
 from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db
@@ -177,6 +178,10 @@ def test_warm_spares_are_counted_apart_from_the_serving_workers():
     samples = _scrape()
     assert _value(samples, "llm_workers_live", variant="stable") == 2
     assert _value(samples, "llm_workers_spare", variant="stable") == 1
+    assert _value(samples, "llm_workers_warm_spares") == 0
+    WarmPool.objects.update_or_create(pk=1, defaults={"spares": 2})
+    spares_mirror()
+    assert _value(_scrape(), "llm_workers_warm_spares") == 2
 
 
 def test_a_scrape_without_redis_still_answers_and_says_so(monkeypatch):
