@@ -23,6 +23,7 @@ from typing import Any
 import redis
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 
 from inference import metrics as worker_metrics
 from inference.engines import build_engine
@@ -145,6 +146,7 @@ class InferenceWorker:
                 for name, coro in [
                     ("publisher", self.publisher.run()),
                     ("heartbeat", self._heartbeat_loop()),
+                    ("warm pool", self._serving_loop()),
                     ("control", self._control_loop()),
                     ("leases", self._lease_loop()),
                     ("watch", self._watch_loop()),
@@ -450,7 +452,8 @@ class InferenceWorker:
             serves = await warmpool.serving_decide(
                 client, variant=self.config.variant, worker_id=self.worker_id, needed=needed
             )
-        except REDIS_ERRORS as exc:
+        except (*REDIS_ERRORS, DatabaseError) as exc:
+            # The last decision stands until a check succeeds.
             logger.warning("worker %s: warm pool check failed (%s)", self.worker_id, exc)
             return
         if serves == self.spare:
@@ -458,9 +461,15 @@ class InferenceWorker:
             self.spare = not serves
             self._slot_freed.set()
 
+    async def _serving_loop(self) -> None:
+        """Apart from the heartbeat: the check waits for the database thread, which a slow
+        database may hold, and a heartbeat must never wait for it."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            await self._serving_update()
+
     async def _heartbeat_loop(self) -> None:
         while True:
-            await self._serving_update()
             stats = self.engine.stats()
             info = {
                 "variant": self.config.variant,

@@ -366,7 +366,7 @@ def test_a_spare_claims_nothing_and_adds_no_capacity_until_it_is_needed():
             # The serving worker stops: the spare takes its place and answers.
             await serving_leave(client, variant="stable", worker_id="serving-1")
             await _until(lambda: _events(request_id)[-1][0] == "done", "the former spare to answer")
-            assert not heartbeat()["spare"]
+            await _until(lambda: not heartbeat()["spare"], "its heartbeat to say it serves")
         finally:
             worker.drain()
             await running
