@@ -119,6 +119,10 @@ class CanarySplitForm(forms.Form):
     )
 
 
+class WarmSparesForm(forms.Form):
+    spares = forms.IntegerField(label="Warm spares per variant", min_value=0, max_value=16)
+
+
 class ApiKeyCreateForm(forms.Form):
     owner = forms.CharField(label="Owner (username)", max_length=150)
     name = forms.CharField(label="Name", max_length=100, required=False, help_text="What the key is for.")

@@ -22,6 +22,7 @@ class AuditLog(models.Model):
         CANARY_PROMOTE = "canary.promote", "Canary promoted"
         CANARY_ROLLBACK = "canary.rollback", "Canary rolled back"
         WORKER_DRAIN = "worker.drain", "Worker drain requested"
+        WARM_SPARES = "worker.spares", "Warm spares changed"
         API_KEY_CREATE = "api_key.create", "API key issued"
         API_KEY_REVOKE = "api_key.revoke", "API key revoked"
         ARTICLE_CREATE = "article.create", "Help article created"

@@ -16,6 +16,7 @@ from scheduler import keys, timeseries
 from scheduler.autoscale import workers_desired
 from scheduler.models import CanaryRouting, Generation, TierPolicy
 from scheduler.queues import queue_state
+from scheduler.warmpool import warm_spares
 from scheduler.workers import WorkerInfo, live_workers
 
 LIVE_WINDOW_S = 5 * 60
@@ -47,6 +48,7 @@ class WorkerRow:
     on_gpu: bool  # else the memory shown is the engine process's resident memory
     heartbeat_age_s: float
     draining: bool
+    spare: bool  # warm: engine loaded, claiming nothing until the variant needs it
 
     @classmethod
     def from_info(cls, info: WorkerInfo, *, now: float) -> WorkerRow:
@@ -64,6 +66,7 @@ class WorkerRow:
             on_gpu=state.get("memory_source") == "cuda",
             heartbeat_age_s=max(0.0, now - info.last_seen),
             draining=bool(state.get("draining")),
+            spare=bool(state.get("spare")),
         )
 
 
@@ -82,6 +85,7 @@ class Dashboard:
     queued_total: int
     longest_wait_s: float
     fleet: list[FleetRow]
+    warm_spares: int  # per variant, set in the console
     workers: list[WorkerRow]
     running_total: int
     slots_total: int
@@ -161,6 +165,7 @@ def dashboard() -> Dashboard:
         queued_total=sum(q.queued for q in queues),
         longest_wait_s=max((q.predicted_wait_s for q in queues if q.queued), default=0.0),
         fleet=fleet,
+        warm_spares=warm_spares(),
         workers=workers,
         running_total=sum(w.running for w in workers),
         slots_total=sum(w.slots for w in workers),

@@ -23,9 +23,10 @@ from chat.models import User
 from knowledge import services as knowledge_services
 from knowledge.models import Article
 from scheduler import control
-from scheduler.models import CanaryRouting, TierPolicy
+from scheduler.models import CanaryRouting, TierPolicy, WarmPool
 from scheduler.policy import policies_mirror
 from scheduler.routing import canary_mirror
+from scheduler.warmpool import spares_mirror
 from scheduler.workers import live_workers
 
 # Who the audit log names for changes the canary's evaluation makes on its own.
@@ -337,6 +338,27 @@ def worker_drain(*, actor: User, worker_id: str) -> None:
         before={"variant": worker.variant, "draining": bool(worker.state.get("draining"))},
         after={"variant": worker.variant, "draining": True},
     )
+
+
+def warm_spares_set(*, actor: User, spares: int) -> WarmPool:
+    """Keep `spares` warm spare workers per variant beyond those it needs (0: no pool)."""
+    with transaction.atomic():
+        pool = WarmPool.objects.select_for_update().get(pk=WarmPool.load().pk)
+        before = {"spares": pool.spares}
+        pool.spares = spares
+        pool.full_clean()
+        if pool.spares == before["spares"]:
+            return pool
+        pool.save()
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.WARM_SPARES,
+            target="warm pool",
+            before=before,
+            after={"spares": pool.spares},
+        )
+    spares_mirror()
+    return pool
 
 
 # --- API keys -----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ urlpatterns = [
     path("", views.dashboard, name="dashboard"),
     path("live", views.dashboard_live, name="dashboard_live"),
     path("workers/<str:worker_id>/drain", views.worker_drain, name="worker_drain"),
+    path("workers/spares", views.warm_spares, name="warm_spares"),
     path("limits", views.limits, name="limits"),
     path("limits/<str:tier>", views.limit_update, name="limit_update"),
     path("canary", views.canary, name="canary"),

@@ -19,6 +19,7 @@ from admin_console.forms import (
     CanarySplitForm,
     CanaryStartForm,
     TierPolicyForm,
+    WarmSparesForm,
 )
 from api import keys as key_services
 from api.keys import IssuedApiKey
@@ -66,6 +67,18 @@ def worker_drain(request: HttpRequest, worker_id: str) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Worker {worker_id} is draining: it finishes its answers, then stops.")
+    return redirect("console:dashboard")
+
+
+@require_POST
+@staff_required
+def warm_spares(request: HttpRequest) -> HttpResponse:
+    form = WarmSparesForm(request.POST)
+    if form.is_valid():
+        services.warm_spares_set(actor=request.user, spares=form.cleaned_data["spares"])
+        messages.success(request, f"Each variant keeps {form.cleaned_data['spares']} warm spares.")
+    else:
+        messages.error(request, "Warm spares: a whole number from 0 to 16.")
     return redirect("console:dashboard")
 
 

@@ -1,6 +1,6 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
-Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval (see
+Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, autoscale (see
 docs/BENCHMARKS.md).
 """
 
@@ -51,7 +51,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "scenario",
-        choices=["overhead", "fanout", "batching", "idle", "scheduling", "soak", "console", "retrieval"],
+        choices=[
+            "overhead",
+            "fanout",
+            "batching",
+            "idle",
+            "scheduling",
+            "soak",
+            "console",
+            "retrieval",
+            "autoscale",
+        ],
     )
     parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
     parser.add_argument("--rounds", type=int, default=3, help="overhead: interleaved rounds")
@@ -63,6 +73,10 @@ def main() -> None:
     parser.add_argument("--tabs", default="1,10,50", help="console: staff tabs open at once")
     parser.add_argument("--chunks", type=int, default=10_000, help="retrieval: chunks in the index")
     parser.add_argument("--queries", type=int, default=500, help="retrieval: questions timed")
+    parser.add_argument("--spares", type=int, default=3, help="autoscale: the warm pool's size")
+    parser.add_argument(
+        "--start-s", type=float, default=30.0, help="autoscale: the simulated engine's start time"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     if args.scenario == "retrieval":
@@ -82,8 +96,12 @@ def main() -> None:
         (args.out / "retrieval.json").write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out / 'retrieval.json'}", file=sys.stderr)
         return
-    # Imported once the arguments are read: `--help` needs none of what a run needs.
-    from bench import plots, scenarios, soak
+    # Imported once the arguments are read: `--help` needs none of what a run needs. The
+    # scenarios read Redis key names and series from the scheduler, whose modules load models.
+    import django
+
+    django.setup()
+    from bench import autoscale, plots, scenarios, soak
 
     plots.pyplot()  # without matplotlib, stop now rather than after the run
 
@@ -133,6 +151,22 @@ def main() -> None:
         name = "soak"
         png = plots.soak(report, args.out / f"{name}.png")
         _print_soak(report)
+    elif args.scenario == "autoscale":
+        report = autoscale.autoscale(start_s=args.start_s, spares=args.spares)
+        name = "autoscale"
+        png = plots.autoscale(report, args.out / f"{name}.png")
+        for mode in ("cold", "warm"):
+            run = report[mode]
+            ttft = run["ttft_after_step_s"]
+            print(
+                f"{mode:<5} spares {run['spares']}  wait over SLO until "
+                f"{run['wait_over_slo_until_s']:5.1f} s after the step "
+                f"(max {run['max_normal_wait_after_step_s']:5.1f} s)  TTFT p99 vip "
+                f"{ttft['vip']['p99'] or 0:5.2f} s normal {ttft['normal']['p99'] or 0:5.2f} s  refused "
+                f"vip {run['refused_after_step']['vip']}/{run['sent_after_step']['vip']} normal "
+                f"{run['refused_after_step']['normal']}/{run['sent_after_step']['normal']}  "
+                f"failed {run['failed']}"
+            )
     elif args.scenario == "console":
         report = scenarios.console(tabs=[int(n) for n in args.tabs.split(",")], window_s=20.0, refusals=4)
         name = "console"

@@ -165,3 +165,47 @@ def soak(report: dict, path: Path) -> Path:
     outcomes.legend()
     figure.suptitle(f"Chaos soak, {report['duration_s'] / 60:.0f} min (simulated engine, two workers)")
     return _save(figure, path)
+
+
+def autoscale(report: dict, path: Path) -> Path:
+    plt = pyplot()
+    figure, (wait, fleet, ttft) = plt.subplots(1, 3, figsize=(15, 4.2))
+    step = report["cold"]["step_at_s"]
+    for mode, color in (("cold", "tab:blue"), ("warm", "tab:orange")):
+        run = report[mode]
+        label = "cold start" if mode == "cold" else f"warm pool ({run['spares']} spares)"
+        times = [s["t"] for s in run["samples"]]
+        wait.plot(times, [s.get("normal_wait_s") for s in run["samples"]], color=color, label=label)
+        fleet.plot(
+            times, [s.get("desired") for s in run["samples"]], ":", color=color, label=f"{mode}: desired"
+        )
+        fleet.plot(
+            times,
+            [s.get("live", 0) - s.get("spare", 0) for s in run["samples"]],
+            color=color,
+            label=f"{mode}: serving",
+        )
+        for tier, marker in (("normal", "."), ("vip", "x")):
+            points = [r for r in run["requests"] if r["tier"] == tier and r["ttft_s"] is not None]
+            ttft.plot(
+                [r["t"] for r in points],
+                [r["ttft_s"] for r in points],
+                marker,
+                color=color,
+                markersize=3,
+                alpha=0.6,
+                label=f"{mode} {tier}",
+            )
+    for axis in (wait, fleet, ttft):
+        axis.axvline(step, color="grey", linewidth=0.8)
+    wait.axhline(report["normal_wait_slo_s"], color="red", linewidth=0.8, label="normal SLO")
+    wait.set(xlabel="time (s)", ylabel="predicted wait (s)", title="Normal tier's queue wait")
+    fleet.set(xlabel="time (s)", ylabel="workers", title="Desired vs serving workers")
+    ttft.set(xlabel="time sent (s)", ylabel="TTFT (s)", yscale="log", title="TTFT of each request")
+    for axis in (wait, fleet, ttft):
+        axis.legend(fontsize=7)
+    figure.suptitle(
+        f"Load step 0.5x -> 3x one worker's capacity at {step:.0f} s; engine start "
+        f"{report['simulated_start_s']:.0f} s; KEDA stand-in polls every {report['keda_poll_s']:.0f} s"
+    )
+    return _save(figure, path)

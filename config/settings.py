@@ -368,6 +368,8 @@ SIMULATED_DECODE_PER_SEQ_S = env_float("SIMULATED_DECODE_PER_SEQ_S", 0.002)
 SIMULATED_OUTPUT_TOKENS = env_int("SIMULATED_OUTPUT_TOKENS", 40)
 # Share of requests (0..1) the simulated engine fails after a few tokens, e.g. on a candidate.
 SIMULATED_FAILURE_RATE = env_float("SIMULATED_FAILURE_RATE", 0.0)
+# Seconds the simulated engine takes to start, standing in for loading a model's weights.
+SIMULATED_START_S = env_float("SIMULATED_START_S", 0.0)
 
 # Mounts the bare SSE endpoint the fan-out benchmark compares against (never in production).
 BENCH_ENDPOINTS = env_bool("BENCH_ENDPOINTS", False)

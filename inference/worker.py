@@ -23,11 +23,12 @@ from typing import Any
 import redis
 from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 
 from inference import metrics as worker_metrics
 from inference.engines import build_engine
 from inference.engines.base import Delta, Engine, EngineDeadError, EngineRequestError, GenerationRequest
-from scheduler import control, timeseries, workers
+from scheduler import control, timeseries, warmpool, workers
 from scheduler.admission import request_finished
 from scheduler.generation import (
     TERMINAL_EVENTS,
@@ -107,6 +108,7 @@ class InferenceWorker:
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.running: dict[str, _Running] = {}
         self.draining = False
+        self.spare = False  # a warm spare: engine loaded, claiming nothing (scheduler/warmpool.py)
         self.fatal: BaseException | None = None
         self.mean_service_s = config.service_time_prior_s  # smoothed over finished answers
         self._slot_freed = asyncio.Event()
@@ -138,11 +140,13 @@ class InferenceWorker:
         background: list[asyncio.Task] = []
         try:
             await self._retrying(self.queue.ensure_groups)
+            await self._serving_update()
             background = [
                 asyncio.create_task(coro, name=name)
                 for name, coro in [
                     ("publisher", self.publisher.run()),
                     ("heartbeat", self._heartbeat_loop()),
+                    ("warm pool", self._serving_loop()),
                     ("control", self._control_loop()),
                     ("leases", self._lease_loop()),
                     ("watch", self._watch_loop()),
@@ -215,7 +219,7 @@ class InferenceWorker:
     async def _claim_loop(self) -> None:
         while not self.draining:
             free = self.slots - len(self.running)
-            if free <= 0:
+            if free <= 0 or self.spare:
                 self._slot_freed.clear()
                 await self._wait(self._slot_freed, 1.0)
                 continue
@@ -436,6 +440,34 @@ class InferenceWorker:
             elif message["type"] == "drain" and message.get("worker_id") == self.worker_id:
                 self.drain()
 
+    async def _serving_update(self) -> None:
+        """Serve or wait as a warm spare until the next heartbeat; a spare that is needed is
+        woken to claim at once."""
+        client = self.queue.client
+        try:
+            if self.draining:
+                await warmpool.serving_leave(client, variant=self.config.variant, worker_id=self.worker_id)
+                return
+            needed = await database_sync_to_async(warmpool.serving_needed)(variant=self.config.variant)
+            serves = await warmpool.serving_decide(
+                client, variant=self.config.variant, worker_id=self.worker_id, needed=needed
+            )
+        except (*REDIS_ERRORS, DatabaseError) as exc:
+            # The last decision stands until a check succeeds.
+            logger.warning("worker %s: warm pool check failed (%s)", self.worker_id, exc)
+            return
+        if serves == self.spare:
+            logger.info("worker %s: %s", self.worker_id, "serving" if serves else "warm spare")
+            self.spare = not serves
+            self._slot_freed.set()
+
+    async def _serving_loop(self) -> None:
+        """Apart from the heartbeat: the check waits for the database thread, which a slow
+        database may hold, and a heartbeat must never wait for it."""
+        while True:
+            await asyncio.sleep(self.config.heartbeat_s)
+            await self._serving_update()
+
     async def _heartbeat_loop(self) -> None:
         while True:
             stats = self.engine.stats()
@@ -447,6 +479,7 @@ class InferenceWorker:
                 "running": len(self.running),
                 "running_vip": sum(1 for r in self.running.values() if r.job.tier == Tier.VIP),
                 "draining": self.draining,
+                "spare": self.spare,
                 "engine_running": stats.running,
                 "engine_waiting": stats.waiting,
                 "kv_cache_usage": round(stats.kv_cache_usage, 4),
@@ -456,13 +489,14 @@ class InferenceWorker:
                 "mean_service_s": round(self.mean_service_s, 3),
             }
             normal_slots = self.slots - self.config.vip_reserved_slots
+            idle = self.draining or self.spare  # adds nothing to the queues' drain rate
             try:
                 await workers.heartbeat_write(
                     self.queue.client,
                     worker_id=self.worker_id,
                     info=info,
-                    jobs_per_s=0.0 if self.draining else self.slots / self.mean_service_s,
-                    normal_jobs_per_s=0.0 if self.draining else normal_slots / self.mean_service_s,
+                    jobs_per_s=0.0 if idle else self.slots / self.mean_service_s,
+                    normal_jobs_per_s=0.0 if idle else normal_slots / self.mean_service_s,
                 )
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: heartbeat failed (%s)", self.worker_id, exc)
@@ -478,7 +512,7 @@ class InferenceWorker:
                 jobs = [r.job for r in self.running.values()]
                 if jobs:
                     await self.queue.renew_leases(jobs)
-                if self.draining:
+                if self.draining or self.spare:
                     continue
                 runnable, exhausted = await self.queue.reclaim_expired(
                     lease_s=self.config.lease_s,

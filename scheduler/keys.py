@@ -28,6 +28,12 @@ def capacity(variant: str) -> str:
     return f"llm:{{{variant}}}:capacity"
 
 
+def serving(variant: str) -> str:
+    """Sorted set: worker id -> last heartbeat of the variant's workers that claim, the others
+    being warm spares (see scheduler/warmpool.py)."""
+    return f"llm:{{{variant}}}:serving"
+
+
 def arrivals(variant: str, tier: str, bucket_start: int) -> str:
     """Counter: jobs admitted to the tier in the few seconds from `bucket_start` (expires)."""
     return f"llm:{{{variant}}}:arrivals:{tier}:{bucket_start}"
@@ -94,6 +100,7 @@ def watchers(variant: str, request_id: str) -> str:
     return f"llm:{{{variant}}}:watch:{request_id}"
 
 
+WARM_SPARES = "llm:warm-spares"  # string: the console's number of warm spare workers per variant
 CANARY = "llm:canary"  # hash: the console's canary split (stable, candidate, split_percent, salt)
 
 

@@ -31,6 +31,7 @@ from scheduler.autoscale import workers_desired
 from scheduler.policy import tier_policy
 from scheduler.queues import queue_state
 from scheduler.routing import canary_split
+from scheduler.warmpool import warm_spares
 from scheduler.workers import WorkerInfo, live_workers
 
 logger = logging.getLogger(__name__)
@@ -148,12 +149,24 @@ def _fleet_metrics() -> Iterator[Metric]:
         "reserve for normal and batch), at AUTOSCALE_TARGET_UTILIZATION. KEDA scales on it.",
         labels=["variant"],
     )
+    spare = GaugeMetricFamily(
+        "llm_workers_spare",
+        "Live workers waiting as warm spares: engine loaded, claiming nothing until needed.",
+        labels=["variant"],
+    )
     for variant in sorted(variants):
         live.add_metric([variant], sum(1 for worker in workers if worker.variant == variant))
+        spare.add_metric([variant], sum(1 for w in workers if w.variant == variant and w.state.get("spare")))
         desired.add_metric(
             [variant], workers_desired(variant=variant, workers=workers, queued=queued[variant])
         )
-    yield from (live, desired)
+    spares_wanted = GaugeMetricFamily(
+        "llm_workers_warm_spares",
+        "Warm spares each variant keeps beyond llm_workers_desired (set in the console); KEDA "
+        "scales to both.",
+    )
+    spares_wanted.add_metric([], warm_spares())
+    yield from (live, spare, desired, spares_wanted)
     yield from _worker_metrics(workers)
 
 

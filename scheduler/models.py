@@ -1,5 +1,6 @@
-"""The tier policies and the canary split (stored here, mirrored into Redis where admission and
-routing apply them), and the record of every generation request."""
+"""The tier policies, the canary split and the warm pool's size (stored here, mirrored into
+Redis where admission, routing and the workers apply them), and the record of every generation
+request."""
 
 from __future__ import annotations
 
@@ -94,6 +95,22 @@ class CanaryRouting(models.Model):
         """The one row, created on first use with the worker's default variant as stable."""
         routing, _ = cls.objects.get_or_create(pk=1, defaults={"stable_variant": settings.INFERENCE_VARIANT})
         return routing
+
+
+class WarmPool(models.Model):
+    """How many warm spare workers each variant keeps beyond the workers it needs: one row,
+    edited in the console. A spare has its engine loaded and claims nothing until needed."""
+
+    spares = models.PositiveSmallIntegerField(default=0, validators=[MaxValueValidator(16)])
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.spares} warm spares"
+
+    @classmethod
+    def load(cls) -> WarmPool:
+        pool, _ = cls.objects.get_or_create(pk=1)
+        return pool
 
 
 class Generation(models.Model):

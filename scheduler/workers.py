@@ -49,6 +49,7 @@ async def heartbeat_write(
 async def heartbeat_remove(client: aioredis.Redis, *, worker_id: str, variant: str) -> None:
     async with client.pipeline(transaction=False) as pipe:
         pipe.hdel(keys.capacity(variant), worker_id)
+        pipe.zrem(keys.serving(variant), worker_id)
         pipe.delete(keys.worker_heartbeat(worker_id))
         pipe.zrem(keys.WORKERS_INDEX, worker_id)
         await pipe.execute()

@@ -4,7 +4,7 @@ import pytest
 from django.conf import settings
 
 from knowledge.index import current_index
-from scheduler import policy, routing
+from scheduler import policy, routing, warmpool
 from scheduler.redis import sync_redis
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
@@ -16,6 +16,7 @@ def _empty_redis():
     sync_redis().flushdb()
     policy._cache.clear()
     routing._cache.clear()
+    warmpool._cache.clear()
     # The database is rolled back between tests, and its knowledge-base version with it.
     current_index.forget()
     yield

@@ -16,6 +16,7 @@ def build_engine() -> Engine:
             decode_per_seq_s=settings.SIMULATED_DECODE_PER_SEQ_S,
             output_tokens=settings.SIMULATED_OUTPUT_TOKENS,
             failure_rate=settings.SIMULATED_FAILURE_RATE,
+            start_s=settings.SIMULATED_START_S,
         )
     if settings.INFERENCE_ENGINE == "vllm":
         from inference.engines.vllm import VllmEngine

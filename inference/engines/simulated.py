@@ -5,6 +5,9 @@ Cost model: each engine step decodes one token for every running sequence and ta
 (`prefill_s_per_token * prompt tokens`). At most `max_num_seqs` run; the rest wait. With all
 costs at zero it is a pure token source for fan-out benchmarks.
 
+`start_s` is how long `start()` takes, as a real engine loading its weights would: it makes a
+cold start in the autoscaling benchmark as slow as one is on real hardware.
+
 `failure_rate` makes that share of requests fail after a few tokens, as a faulty model build
 would (the canary's rollback is tested with it).
 """
@@ -69,6 +72,7 @@ class SimulatedEngine:
         decode_per_seq_s: float,
         output_tokens: int,
         failure_rate: float = 0.0,
+        start_s: float = 0.0,
     ) -> None:
         self.label = "simulated"
         self.max_num_seqs = max_num_seqs
@@ -77,6 +81,7 @@ class SimulatedEngine:
         self.decode_per_seq_s = decode_per_seq_s
         self.output_tokens = output_tokens
         self.failure_rate = failure_rate
+        self.start_s = start_s
         self._random = random.Random()
         self._waiting: deque[_Sequence] = deque()
         self._running: dict[str, _Sequence] = {}
@@ -84,6 +89,7 @@ class SimulatedEngine:
         self._loop_task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
+        await asyncio.sleep(self.start_s)
         self._loop_task = asyncio.create_task(self._step_loop(), name="simulated-engine")
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:

@@ -26,7 +26,7 @@ def client_staff(staff) -> Client:
     return client
 
 
-def heartbeat(variant: str, *, draining: bool = False) -> str:
+def heartbeat(variant: str, *, draining: bool = False, spare: bool = False) -> str:
     """Make a worker serving `variant` look alive (as its heartbeat would); returns its id."""
     worker_id = f"worker-{variant}-{next(_ids)}"
 
@@ -42,6 +42,7 @@ def heartbeat(variant: str, *, draining: bool = False) -> str:
                     "slots": 8,
                     "running": 3,
                     "draining": draining,
+                    "spare": spare,
                     "kv_cache_usage": 0.25,
                     "memory_used_bytes": 300 * 2**20,
                     "memory_total_bytes": 16 * 2**30,

@@ -14,6 +14,7 @@ from scheduler.models import CanaryRouting
 from scheduler.policy import tier_policy
 from scheduler.redis import sync_redis
 from scheduler.routing import canary_split
+from scheduler.warmpool import warm_spares
 from tests.admin_console.conftest import answers, heartbeat
 
 pytestmark = pytest.mark.django_db
@@ -232,3 +233,20 @@ def test_a_drain_reaches_the_worker_and_is_audited(staff):
 def test_the_routing_row_is_created_on_first_use():
     CanaryRouting.objects.all().delete()
     assert CanaryRouting.load().stable_variant == "stable"
+
+
+# --- warm pool ------------------------------------------------------------------------------------
+
+
+def test_the_warm_pool_size_reaches_the_workers_and_is_audited(staff):
+    assert warm_spares() == 0
+    services.warm_spares_set(actor=staff, spares=2)
+    assert warm_spares() == 2
+    entry = AuditLog.objects.get()
+    assert (entry.actor, entry.action) == (staff, "worker.spares")
+    assert entry.changes() == [("spares", 0, 2)]
+    services.warm_spares_set(actor=staff, spares=2)  # no change, no entry
+    assert AuditLog.objects.count() == 1
+    with pytest.raises(ValidationError):
+        services.warm_spares_set(actor=staff, spares=99)
+    assert warm_spares() == 2

@@ -24,6 +24,7 @@ CONSOLE_URLS = [
     ("GET", "/console/"),
     ("GET", "/console/live"),
     ("POST", "/console/workers/worker-1/drain"),
+    ("POST", "/console/workers/spares"),
     ("GET", "/console/limits"),
     ("POST", "/console/limits/normal"),
     ("GET", "/console/canary"),
@@ -173,6 +174,22 @@ def test_a_drain_button_asks_the_worker_to_drain(client_staff):
     response = client_staff.post(f"/console/workers/{worker_id}/drain", follow=True)
     assert b"is draining" in response.content
     assert AuditLog.objects.get().action == "worker.drain"
+
+
+def test_the_dashboard_shows_spares_and_sets_their_number(client_staff):
+    heartbeat("stable")
+    spare = heartbeat("stable", spare=True)
+    page = client_staff.get("/console/").content.decode()
+    assert page.count("warm spare</span>") == 1
+    assert page.index(spare) < page.index("warm spare</span>")
+    assert 'data-spares="0"' in page
+    response = client_staff.post("/console/workers/spares", {"spares": "2"}, follow=True)
+    assert b"keeps 2 warm spares" in response.content
+    assert b'data-spares="2"' in response.content
+    assert AuditLog.objects.get().action == "worker.spares"
+    refused = client_staff.post("/console/workers/spares", {"spares": "-1"}, follow=True)
+    assert b"a whole number from 0 to 16" in refused.content
+    assert b'data-spares="2"' in refused.content
 
 
 def test_the_canary_page_starts_moves_and_rolls_back_a_canary(client_staff):

@@ -125,9 +125,11 @@ def test_keda_scales_the_workers_on_the_gauge_the_web_exports_for_their_variant(
     assert trigger["type"] == "prometheus"
     assert (trigger["metricType"], trigger["metadata"]["threshold"]) == ("AverageValue", "1")
     variant = _config(overlay)["INFERENCE_VARIANT"]
-    assert trigger["metadata"]["query"] == f'max(llm_workers_desired{{variant="{variant}"}})'
+    assert trigger["metadata"]["query"] == (
+        f'clamp_min(max(llm_workers_desired{{variant="{variant}"}}), 1) + max(llm_workers_warm_spares)'
+    )
     exported = {family.name for family in WEB_REGISTRY.collect()}
-    assert "llm_workers_desired" in exported
+    assert {"llm_workers_desired", "llm_workers_warm_spares"} <= exported
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)

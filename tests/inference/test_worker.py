@@ -19,11 +19,12 @@ from inference.worker import InferenceWorker, WorkerConfig, _Running
 from scheduler import control, keys
 from scheduler.admission import request_submit
 from scheduler.generation import Tier
-from scheduler.models import Generation
+from scheduler.models import Generation, WarmPool
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import new_async_redis, sync_redis
 from scheduler.results import ResultPublisher
 from scheduler.services import GenerationOutcome, generation_finish
+from scheduler.warmpool import serving_decide, serving_leave, spares_mirror
 from tests.generation_jobs import generation_job
 
 # Committed transactions: the worker stores answers from a thread of its own, with its own
@@ -316,3 +317,59 @@ def test_a_normal_job_waiting_past_the_aging_time_goes_before_vip():
     other_vip = _submit(Tier.VIP)
     assert async_to_sync(claim)(aging_s=0.0) == [normal]  # the normal job has waited past 0 s
     assert async_to_sync(claim)(aging_s=0.0) == [other_vip]
+
+
+# --- the warm pool ------------------------------------------------------------------------------
+
+
+async def _until(condition: Callable[[], Any], what: str, timeout_s: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while not (value := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.05)
+    return value
+
+
+def test_a_spare_claims_nothing_and_adds_no_capacity_until_it_is_needed():
+    WarmPool.objects.update_or_create(pk=1, defaults={"spares": 1})
+    spares_mirror()
+    request_id = _submit()
+    worker = _worker(ScriptedEngine("Hello", " there"), heartbeat_s=0.1)
+
+    def heartbeat() -> dict:
+        raw = sync_redis().get(keys.worker_heartbeat(worker.worker_id))
+        return json.loads(raw) if raw else {}
+
+    def capacity() -> str:
+        return sync_redis().hget(keys.capacity("stable"), worker.worker_id) or ""
+
+    async def scenario() -> None:
+        client = new_async_redis()
+        # Another worker already serves, and no traffic asks for a second one.
+        await serving_decide(client, variant="stable", worker_id="serving-1", needed=1)
+        running = asyncio.create_task(worker.run())
+        try:
+            await _until(lambda: heartbeat().get("spare"), "the worker to report itself a spare")
+            await _until(lambda: capacity().startswith("0.0|0.0|"), "its capacity to read nothing")
+            seen = heartbeat()["last_seen"]
+            beats = 0
+
+            def heartbeats_later() -> bool:
+                nonlocal seen, beats
+                if heartbeat()["last_seen"] != seen:
+                    seen, beats = heartbeat()["last_seen"], beats + 1
+                return beats >= 3
+
+            await _until(heartbeats_later, "three more heartbeats as a spare")
+            assert _pending() == 0 and _events(request_id)[-1][0] == "queued"
+            # The serving worker stops: the spare takes its place and answers.
+            await serving_leave(client, variant="stable", worker_id="serving-1")
+            await _until(lambda: _events(request_id)[-1][0] == "done", "the former spare to answer")
+            await _until(lambda: not heartbeat()["spare"], "its heartbeat to say it serves")
+        finally:
+            worker.drain()
+            await running
+            await client.aclose()
+
+    async_to_sync(scenario)()

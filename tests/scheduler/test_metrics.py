@@ -7,11 +7,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import metrics, routing, workers
 from scheduler.admission import AdmissionRefused, request_submit
-from scheduler.models import CanaryRouting
+from scheduler.models import CanaryRouting, WarmPool
 from scheduler.policy import tier_policy
 from scheduler.queues import job_enqueue
 from scheduler.redis import new_async_redis
 from scheduler.results import ResultFollower
+from scheduler.warmpool import spares_mirror
 from tests.generation_jobs import generation_job
 
 pytestmark = pytest.mark.django_db
@@ -44,13 +45,14 @@ def _enqueue(request_id: str, tier: str, variant: str = "stable") -> None:
     )
 
 
-def _heartbeat(worker_id: str, *, jobs_per_s: float, normal_jobs_per_s: float) -> None:
+def _heartbeat(worker_id: str, *, jobs_per_s: float, normal_jobs_per_s: float, spare: bool = False) -> None:
     info = {
         "variant": "stable",
         "engine": "simulated",
         "slots": 8,
         "running": 3,
         "draining": False,
+        "spare": spare,
         "engine_waiting": 1,
         "kv_cache_usage": 0.25,
         "memory_used_bytes": 300_000_000,
@@ -168,6 +170,18 @@ def test_the_desired_worker_count_follows_each_variants_admitted_traffic(setting
     assert _value(samples, "llm_workers_desired", variant="stable") == 5
     assert _value(samples, "llm_workers_live", variant="stable") == 1
     assert _value(samples, "llm_workers_desired", variant="next") == 0
+
+
+def test_warm_spares_are_counted_apart_from_the_serving_workers():
+    _heartbeat("w1", jobs_per_s=4.0, normal_jobs_per_s=2.0)
+    _heartbeat("w2", jobs_per_s=0.0, normal_jobs_per_s=0.0, spare=True)
+    samples = _scrape()
+    assert _value(samples, "llm_workers_live", variant="stable") == 2
+    assert _value(samples, "llm_workers_spare", variant="stable") == 1
+    assert _value(samples, "llm_workers_warm_spares") == 0
+    WarmPool.objects.update_or_create(pk=1, defaults={"spares": 2})
+    spares_mirror()
+    assert _value(_scrape(), "llm_workers_warm_spares") == 2
 
 
 def test_a_scrape_without_redis_still_answers_and_says_so(monkeypatch):
