@@ -45,6 +45,14 @@ def new_page(browser: Browser, base_url: str) -> Page:
     return page
 
 
+@pytest.fixture
+def page(browser: Browser, stack) -> Iterator[Page]:
+    """A fresh page on the module's `stack`, closed after the test."""
+    page = new_page(browser, stack.base_url)
+    yield page
+    page.context.close()
+
+
 def js_errors(page: Page) -> list[str]:
     """Uncaught errors the page's scripts raise from now on."""
     errors: list[str] = []

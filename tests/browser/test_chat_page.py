@@ -17,13 +17,6 @@ def stack():
     yield from running_stack(SIMULATED_OUTPUT_TOKENS="60", SIMULATED_DECODE_BASE_S="0.1")
 
 
-@pytest.fixture
-def page(browser, stack) -> Page:
-    page = new_page(browser, stack.base_url)
-    yield page
-    page.context.close()
-
-
 def _ask(page: Page, text: str):
     page.goto("/")
     page.get_by_label("Your message").fill(text)

@@ -4,7 +4,7 @@ their links open the article."""
 import pytest
 from playwright.sync_api import Page, expect
 
-from tests.browser.conftest import js_errors, new_page
+from tests.browser.conftest import js_errors
 from tests.e2e.conftest import running_stack
 from tests.knowledge.conftest import DEMO_HELP_CENTER
 
@@ -17,13 +17,6 @@ def stack():
         done = stack.manage("import_articles", str(DEMO_HELP_CENTER))
         assert done.returncode == 0, done.stderr
         yield stack
-
-
-@pytest.fixture
-def page(browser, stack) -> Page:
-    page = new_page(browser, stack.base_url)
-    yield page
-    page.context.close()
 
 
 def _ask(page: Page, text: str):
