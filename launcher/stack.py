@@ -87,7 +87,7 @@ class Stack:
         failure, whatever had started is stopped before the error is raised."""
         try:
             self.redis.start()
-            seed = ["seed_demo", "--staff-password", self.staff_password]
+            seed = ["seed_demo", f"--staff-password={self.staff_password}"]
             for command in (["migrate", "--no-input", "-v0"], seed):
                 done = self.manage(*command)
                 if done.returncode != 0:
