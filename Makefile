@@ -67,19 +67,14 @@ run: install var/secret_key
 
 # Everything on SQLite (as `make run`), then the unit and e2e tests again on PostgreSQL (as
 # production; a private cluster the tests start themselves). The vLLM and browser tests exercise
-# the model and the page, not the database: they run once, and so does the multi-host test (its own PostgreSQL). Both runs always run; either failing
-# fails the target.
-# Open problem on PostgreSQL: under the 500-request burst some requests wait past the connection
-# pool's timeout and answer 500 (docs/ARCHITECTURE.md, "Database connections"); it passes on SQLite.
-PG_OPEN_PROBLEM := tests/e2e/test_faults.py::test_a_burst_of_500_from_50_clients_gets_only_202_429_or_503_and_every_202_completes
-
+# the model and the page, not the database: they run once, and so does the multi-host test (its
+# own PostgreSQL). Both runs always run; either failing fails the target.
 test: install-vllm var/secret_key
 	$(BIN)/python manage.py prepare_model
 	$(MAKE) --no-print-directory embedder
 	status=0; \
 	$(BIN)/python -m pytest || status=1; \
-	$(BIN)/python -m pytest --database postgres -m "not vllm and not browser and not multihost" \
-		--deselect "$(PG_OPEN_PROBLEM)" || status=1; \
+	$(BIN)/python -m pytest --database postgres -m "not vllm and not browser and not multihost" || status=1; \
 	exit $$status
 
 # Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak` (docs/BENCHMARKS.md).

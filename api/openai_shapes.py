@@ -345,10 +345,15 @@ def job_requests_parse(data: Any) -> list[ChatRequest]:
     requests = data.get("requests") if isinstance(data, dict) else None
     if not isinstance(requests, list) or not 1 <= len(requests) <= limit:
         raise invalid(f"`requests` must be a list of 1 to {limit} chat completion requests.", "requests")
-    return [
+    parsed = [
         chat_request_parse(request, param_prefix=f"requests[{n}].", allow_stream=False)
         for n, request in enumerate(requests)
     ]
+    # A job's requests are stored, and PostgreSQL stores no NUL character.
+    for n, request in enumerate(parsed):
+        if any("\x00" in text for text in [*(m["content"] for m in request.messages), *request.stop]):
+            raise invalid("A stored request cannot contain NUL characters.", f"requests[{n}]")
+    return parsed
 
 
 def _timestamp(moment: datetime | None) -> int | None:

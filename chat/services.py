@@ -19,9 +19,10 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 from chat.models import Conversation, Message, User
 from knowledge import selectors as knowledge_selectors
 from scheduler import control
-from scheduler.admission import Admission, request_submit
+from scheduler.admission import Admission, request_admit
 from scheduler.generation import GenerationJob, Origin, SamplingParams, Tier
 from scheduler.models import Generation
+from scheduler.services import generation_create
 from scheduler.routing import variant_for
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ def _validated_text(text: str) -> str:
     text = text.strip()
     if not text:
         raise MessageRejected("Please type a message first.")
+    if "\x00" in text:
+        raise MessageRejected("Messages cannot contain NUL characters.")
     if len(text) > settings.CHAT_MAX_MESSAGE_CHARS:
         raise MessageRejected(
             f"Messages can be at most {settings.CHAT_MAX_MESSAGE_CHARS} characters "
@@ -127,12 +130,12 @@ def _help_center_prompt(text: str) -> tuple[str, int, list[dict[str, str]]]:
 
 
 def _prompt_messages(
-    conversation: Conversation, text: str
+    conversation: Conversation, text: str, help_center: tuple[str, int, list[dict[str, str]]]
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """The system prompt with the help center's excerpts on the message, as much recent history
-    as fits the room the excerpts leave, then the new message: the prompt must leave room for
-    the answer inside the model's context. Also returns the articles quoted."""
-    system_prompt, excerpt_chars, sources = _help_center_prompt(text)
+    """The system prompt with the help center's excerpts on the message (`_help_center_prompt`),
+    as much recent history as fits the room the excerpts leave, then the new message: the prompt
+    must leave room for the answer inside the model's context. Also returns the articles quoted."""
+    system_prompt, excerpt_chars, sources = help_center
     recent = (
         conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
         .annotate(text=Coalesce("generation__text", "content"))
@@ -170,16 +173,18 @@ def message_post(
     request_id = uuid.uuid4()
     variant = variant_for(conversation_id=str(conversation.pk))
     is_new = conversation._state.adding
-    if is_new:
-        _conversation_insert(conversation)
+    # Retrieval is CPU work: done before the transaction, it holds no lock.
+    help_center = _help_center_prompt(text)
     with transaction.atomic():
+        if is_new:
+            _conversation_insert(conversation)
         # One answer at a time: concurrent posts to a conversation take its row lock in turn, so
         # each one's check sees the pending answer of the post before it. (SQLite has no row
         # locks and ignores this; its immediate transactions take the database's write lock.)
         Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).exists()
         if _unfinished_answers(conversation).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
-        messages, sources = _prompt_messages(conversation, text)
+        messages, sources = _prompt_messages(conversation, text, help_center)
         job = GenerationJob(
             request_id=str(request_id),
             origin=Origin.CHAT,
@@ -198,12 +203,14 @@ def message_post(
             sources=sources,
         )
         Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
+        generation_create(job=job)
     try:
-        admission = request_submit(job=job, client_address=client_address)
+        admission = request_admit(job=job, client_address=client_address)
     except Exception:
-        Message.objects.filter(pk__in=[user_message.pk, assistant_message.pk]).delete()
-        if is_new:
-            conversation.delete()
+        with transaction.atomic():
+            Message.objects.filter(pk__in=[user_message.pk, assistant_message.pk]).delete()
+            if is_new:
+                conversation.delete()
         raise
     return PostedMessage(user_message, assistant_message, admission)
 

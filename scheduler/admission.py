@@ -87,6 +87,13 @@ def request_submit(*, job: GenerationJob, client_address: str | None = None) -> 
     is not.
     """
     generation_create(job=job)
+    return request_admit(job=job, client_address=client_address)
+
+
+def request_admit(*, job: GenerationJob, client_address: str | None = None) -> Admission:
+    """Admit and enqueue a request whose record the caller has already written (in its own
+    transaction, with what it stores beside it), or raise AdmissionRefused and discard the
+    record."""
     try:
         admission = _admit(job=job, client_address=client_address)
     except AdmissionRefused as refusal:

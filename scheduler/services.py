@@ -41,11 +41,13 @@ def generation_discard(*, request_id: str) -> None:
 
 def generation_finish(*, request_id: str, outcome: GenerationOutcome) -> bool:
     """Store how the generation ended. Idempotent on request_id: a replayed finish changes
-    nothing and returns False (as it does for a record that no longer exists)."""
+    nothing and returns False (as it does for a record that no longer exists). PostgreSQL stores
+    no NUL character: one in the text (a model can emit it; the simulated engine echoes the
+    prompt) is stored as U+FFFD, or the answer would be lost."""
     timings = outcome.timings
     updated = Generation.objects.filter(request_id=request_id, status=Generation.Status.PENDING).update(
         status=outcome.status,
-        text=outcome.text,
+        text=outcome.text.replace("\x00", "\ufffd"),
         finish_reason=outcome.finish_reason,
         error_code=outcome.error_code,
         error_message=outcome.error_message,

@@ -109,6 +109,7 @@ def test_a_job_is_accepted_with_202_and_a_task_is_sent_to_feed_it(issued, django
         ({"requests": [_request(0), _request(1) | {"stream": True}]}, "requests[1].stream"),
         ({"requests": [_request(0) | {"n": 3}]}, "requests[0].n"),
         ({"requests": [{"model": "stable"}]}, "requests[0].messages"),
+        ({"requests": [_request(0), _request(1) | {"stop": "\x00"}]}, "requests[1]"),
     ],
 )
 def test_a_malformed_job_gets_400_naming_the_request_and_nothing_is_stored(issued, settings, body, param):

@@ -4,6 +4,7 @@ from datetime import timedelta
 import pytest
 from django.contrib.sessions.backends.db import SessionStore
 from django.contrib.sessions.models import Session
+from django.db import OperationalError, connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
@@ -61,8 +62,8 @@ def test_a_message_is_stored_queued_and_answered_with_202_and_a_request_id(clien
     assert _queued() == 1
 
 
-@pytest.mark.parametrize("text", ["", "   \n ", "x" * 4001])
-def test_empty_or_oversized_messages_get_400_with_a_reason_and_queue_nothing(
+@pytest.mark.parametrize("text", ["", "   \n ", "x" * 4001, "a NUL \x00 inside"])
+def test_empty_oversized_or_nul_messages_get_400_with_a_reason_and_queue_nothing(
     client_alice, conversation, text
 ):
     response = _post(client_alice, conversation, text)
@@ -249,6 +250,26 @@ def test_a_refused_first_message_leaves_no_conversation(client_alice):
     assert response.status_code == 503
     assert not Conversation.objects.exists()
     assert not Message.objects.exists()
+
+
+def test_a_post_the_database_cannot_take_in_time_gets_503_and_leaves_nothing(client_alice):
+    """As when a burst keeps SQLite's write lock or every pooled PostgreSQL connection busy past
+    the timeout: the database layer raises OperationalError while the message is stored."""
+    conversation_id = client_alice.post("/chat/conversations", **JSON).json()["id"]
+
+    def locked(execute, sql, params, many, context):
+        if sql.startswith("INSERT") and "chat_message" in sql:
+            raise OperationalError("database is locked")
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(locked):
+        response = _post_to(client_alice, conversation_id, "is anyone there?")
+    assert response.status_code == 503
+    assert int(response["Retry-After"]) >= 1
+    assert response.json()["error"]["message"] == "The service is busy. Please try again in a moment."
+    assert not Conversation.objects.exists()
+    assert not Message.objects.exists()
+    assert _queued() == 0
 
 
 def test_a_guests_first_messages_sent_at_once_all_land_in_their_conversations():

@@ -26,6 +26,7 @@ from scheduler.generation import (
 )
 from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
+from scheduler.services import GenerationOutcome, generation_finish
 from tests.generation_jobs import generation_job
 
 
@@ -115,3 +116,12 @@ def test_a_refused_request_leaves_no_record():
         request_submit(job=refused)
     assert not Generation.objects.filter(request_id=refused.request_id).exists()
     assert Generation.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_an_answer_with_a_nul_character_is_stored_all_the_same():
+    job = generation_job()
+    request_submit(job=job)
+    outcome = GenerationOutcome(status=Generation.Status.DONE, text="a\x00b", finish_reason="stop")
+    assert generation_finish(request_id=job.request_id, outcome=outcome)
+    assert Generation.objects.get(request_id=job.request_id).text == "a\ufffdb"
