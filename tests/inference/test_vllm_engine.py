@@ -21,6 +21,7 @@ from django.conf import settings
 from inference.engines.base import Delta, EngineDeadError, GenerationRequest
 from inference.engines.vllm import VllmEngine
 from inference.model_prep import default_model_dir, prepare_model
+from scheduler.generation import SamplingParams
 
 pytestmark = pytest.mark.vllm
 
@@ -71,8 +72,7 @@ def _request(request_id: str, question: str, max_tokens: int) -> GenerationReque
     return GenerationRequest(
         request_id=request_id,
         messages=[{"role": "user", "content": question}],
-        max_tokens=max_tokens,
-        temperature=0.0,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, top_p=1.0),
     )
 
 
