@@ -48,6 +48,7 @@ _FILLER = _FILLER_TEXT.split()
 # vLLM's server floors log probabilities here; a candidate the simulation never picks has
 # probability 0.
 MIN_LOGPROB = -9999.0
+MAX_JSON_DEPTH = 32
 _JSON_PIECE = re.compile(r"\s*(?:\"(?:[^\"\\]|\\.)*\"|[^\s\"]{1,4})")
 
 
@@ -76,30 +77,38 @@ def simulated_json(schema: dict[str, Any]) -> Any:
     """The smallest value valid against a JSON schema (the parts of JSON Schema that tool
     parameters and response formats use): required properties only, first choices, "simulated"
     for strings."""
-    definitions = schema.get("$defs", {})
+    definitions = schema.get("$defs") if isinstance(schema.get("$defs"), dict) else {}
 
-    def value(node: dict[str, Any]) -> Any:
-        if "$ref" in node:
-            return value(definitions.get(node["$ref"].rsplit("/", 1)[-1], {}))
+    def value(node: Any, depth: int = 0) -> Any:
+        if not isinstance(node, dict) or depth > MAX_JSON_DEPTH:
+            return None  # a schema too odd or too deep to follow: still valid JSON
+        depth += 1
+        if isinstance(node.get("$ref"), str):
+            return value(definitions.get(node["$ref"].rsplit("/", 1)[-1], {}), depth)
         if "const" in node:
             return node["const"]
         if node.get("enum"):
             return node["enum"][0]
         for key in ("anyOf", "oneOf", "allOf"):
-            if node.get(key):
-                return value({**node, key: None, **node[key][0]})
+            if node.get(key) and isinstance(node[key], list) and isinstance(node[key][0], dict):
+                return value({**node, key: None, **node[key][0]}, depth)
         kind = node.get("type")
         if isinstance(kind, list):
             kind = next((k for k in kind if k != "null"), "null")
         if kind == "object" or (kind is None and "properties" in node):
-            properties = node.get("properties", {})
-            return {name: value(properties.get(name, {})) for name in node.get("required", [])}
+            properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+            required = node.get("required") if isinstance(node.get("required"), list) else []
+            return {str(name): value(properties.get(name, {}), depth) for name in required}
         if kind == "array":
-            return [value(node.get("items") or {}) for _ in range(node.get("minItems", 0))]
+            items = node.get("items")
+            count = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
+            return [value(items if isinstance(items, dict) else {}, depth) for _ in range(min(count, 16))]
         if kind == "string":
-            return "simulated".ljust(node.get("minLength", 0), "!")
+            length = node.get("minLength") if isinstance(node.get("minLength"), int) else 0
+            return "simulated".ljust(min(length, 1000), "!")
         if kind in ("integer", "number"):
-            return node.get("minimum", 0)
+            minimum = node.get("minimum")
+            return minimum if isinstance(minimum, int | float) and not isinstance(minimum, bool) else 0
         if kind == "boolean":
             return False
         if kind == "null":
