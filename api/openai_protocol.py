@@ -39,6 +39,28 @@ _INT64 = 2**63
 GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, sampling is greedy
 
 
+# vLLM's extensions that would change the answer and that this service does not apply, with the
+# values that leave it unchanged: a request that sets one otherwise is refused, never answered as
+# if it had not asked. (Parameters vLLM itself does not know are ignored, as vLLM ignores them.)
+_NOT_APPLIED: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (None, False),
+    "echo": (None, False),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "prompt_logprobs": (None,),
+    "logprob_token_ids": (None,),
+    "structured_outputs": (None,),
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
+    "chat_template": (None,),
+    "truncate_prompt_tokens": (None,),
+    "thinking_token_budget": (None,),
+    "repetition_detection": (None,),
+}
+
+
 class RequestInvalid(ValueError):
     """A request refused with the parameter at fault (vLLM's VLLMValidationError)."""
 
@@ -157,6 +179,22 @@ class ChatCompletionRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_what_is_not_applied(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, unchanged in _NOT_APPLIED.items():
+                if data.get(name) not in unchanged:
+                    raise RequestInvalid(f"`{name}` is not supported by this service.", name)
+            options = data.get("stream_options")
+            if isinstance(options, dict) and options.get("continuous_usage_stats"):
+                # Token events do not carry token counts, which usage on every chunk would need.
+                raise RequestInvalid(
+                    "`continuous_usage_stats` is not supported by this service.",
+                    "stream_options.continuous_usage_stats",
+                )
+        return data
 
     @model_validator(mode="before")
     @classmethod
@@ -283,6 +321,10 @@ class ChatCompletionRequest(BaseModel):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     @property
+    def answer_max_tokens(self) -> int:
+        return self.requested_max_tokens or settings.GENERATION_MAX_TOKENS
+
+    @property
     def sampling_temperature(self) -> float:
         return self.temperature if self.temperature is not None else settings.GENERATION_TEMPERATURE
 
@@ -341,7 +383,7 @@ class ChatCompletionRequest(BaseModel):
         """What the engine applies (vLLM's `to_sampling_params`). Choice `seed_offset` of n
         samples with the seed plus its index, as vLLM's parallel sampling seeds its children."""
         return SamplingParams(
-            max_tokens=self.requested_max_tokens or settings.GENERATION_MAX_TOKENS,
+            max_tokens=self.answer_max_tokens,
             temperature=self.sampling_temperature,
             top_p=self.top_p if self.top_p is not None else settings.GENERATION_TOP_P,
             stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
@@ -355,7 +397,10 @@ class ChatCompletionRequest(BaseModel):
             ignore_eos=self.ignore_eos,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-            logit_bias=None if self.logit_bias is None else {int(k): v for k, v in self.logit_bias.items()},
+            # vLLM clamps each bias to [-100, 100].
+            logit_bias=None
+            if self.logit_bias is None
+            else {int(k): min(100.0, max(-100.0, v)) for k, v in self.logit_bias.items()},
             structured=self.structured_output(),
         )
 

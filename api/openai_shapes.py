@@ -144,7 +144,7 @@ def _context_check(request: ChatCompletionRequest, param: str) -> None:
     except ChatTemplateError as exc:
         raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
     context = settings.INFERENCE_MAX_MODEL_LEN
-    max_tokens = request.sampling_params().max_tokens
+    max_tokens = request.answer_max_tokens
     if prompt_tokens + max_tokens > context:
         raise ApiError(
             400,

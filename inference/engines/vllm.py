@@ -15,7 +15,7 @@ import torch
 from vllm import SamplingParams, TokensPrompt
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.exceptions import VLLMValidationError
+from vllm.exceptions import VLLMClientError
 from vllm.logprobs import Logprob, SampleLogprobs
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
@@ -142,13 +142,14 @@ class VllmEngine:
         except ChatTemplateError as exc:
             raise EngineRequestError(f"The chat template refused the messages: {exc}") from exc
         # The renderer checks the prompt against max_model_len and turns it into the engine's
-        # input type (vLLM deprecates handing it raw prompts). A prompt it rejects fails this
-        # request only: retrying it elsewhere would fail the same way.
+        # input type (vLLM deprecates handing it raw prompts). A prompt or parameters it rejects
+        # (a token id beyond the vocabulary, a schema xgrammar cannot compile) fail this request
+        # only: retrying it elsewhere would fail the same way.
         try:
             (engine_input,) = engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt_token_ids)])
-        except VLLMValidationError as exc:
+            sampling_params = vllm_sampling_params(request.sampling)
+        except VLLMClientError as exc:
             raise EngineRequestError(f"vLLM rejected the request: {exc}") from exc
-        sampling_params = vllm_sampling_params(request.sampling)
         prompt_tokens = len(prompt_token_ids)
         output_tokens = 0
         try:
@@ -173,6 +174,8 @@ class VllmEngine:
                     )
         except VllmEngineDeadError as exc:
             raise EngineDeadError(str(exc)) from exc
+        except VLLMClientError as exc:  # checked when the engine takes the request
+            raise EngineRequestError(f"vLLM rejected the request: {exc}") from exc
 
     async def abort(self, request_id: str) -> None:
         try:

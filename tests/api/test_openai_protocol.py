@@ -176,6 +176,14 @@ def test_parameters_vllm_does_not_know_are_ignored():
         ({"max_tokens": 0}, "max_tokens", ""),
         ({"temperature": 3}, "temperature", ""),
         ({"stream": "maybe"}, "stream", ""),
+        # vLLM extensions that would change the answer and are not applied here.
+        ({"use_beam_search": True}, "use_beam_search", "not supported by this service"),
+        ({"include_stop_str_in_output": True}, "include_stop_str_in_output", "not supported"),
+        (
+            {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+            "stream_options.continuous_usage_stats",
+            "not supported",
+        ),
     ],
 )
 def test_what_vllm_refuses_is_a_400_naming_the_parameter(extra, param, message):
