@@ -1,5 +1,5 @@
-"""Chat completions for the OpenAI-compatible API: submit to the scheduler, then follow the
-request's result stream and answer whole or as OpenAI chunks.
+"""Chat completions for the OpenAI-compatible API: submit to the scheduler (one generation per
+choice), then follow their result streams and answer whole or as OpenAI chunks.
 
 A `reset` event means a worker died and another restarts the answer from scratch. A whole
 answer simply starts collecting again. A stream that has not sent any text yet carries on
@@ -238,14 +238,16 @@ class _ChoiceStream:
         """The chunks for what arrived since the last call: text (or a named tool call's
         arguments) with its logprobs, then the closing chunk once the choice has finished."""
         chunks = []
-        tokens = self.answer.unsent_tokens()
-        text = "".join(token.text for token in tokens)
         choice = self.request.tool_choice
+        # "required" calls are sent whole once complete: until then nothing is taken (and a
+        # restart before the end is carried on, as nothing went out).
+        tokens = [] if choice == "required" else self.answer.unsent_tokens()
+        text = "".join(token.text for token in tokens)
         delta: ChoiceDelta | None = None
         if text and isinstance(choice, NamedToolChoice):
             delta = named_tool_call_delta(None if self._named_tool_started else choice.function.name, text)
             self._named_tool_started = True
-        elif text and choice != "required":  # "required" calls are sent whole once complete
+        elif text:
             delta = ChoiceDelta(content=text)
         if delta is not None:
             logprobs = logprobs_shape(tokens_logprobs(tokens) or ()) if self.request.logprobs else None
