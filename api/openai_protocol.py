@@ -32,7 +32,7 @@ from api.models import BatchJob, BatchJobItem
 from scheduler.generation import SamplingParams, StructuredOutput
 
 # OpenAI's roles, and what the model's chat template is given for each.
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
 MAX_STOP_SEQUENCES = 4  # vLLM's VLLM_MAX_STOP_STRINGS
 MAX_TOP_LOGPROBS = 20  # vLLM's max_logprobs
 _INT64 = 2**63
@@ -78,12 +78,38 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
+    """A message of the conversation. An assistant's may hold the tool calls it made (its
+    content then may be null), and a `tool` message the result of one. The chat template is
+    given the role and the text, as vLLM gives it to a template that has no place for tool
+    calls (SmolLM2's)."""
+
     role: Literal[tuple(ROLES)]  # type: ignore[valid-type]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_present(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise RequestInvalid(f"A `{self.role}` message needs a `content`.")
+        return self
 
     @property
     def text(self) -> str:
+        if self.content is None:
+            return ""
         if isinstance(self.content, str):
             return self.content
         return "\n".join(part.text for part in self.content)
@@ -441,17 +467,6 @@ class TokenLogprob(TopLogprob):
 
 class ChoiceLogprobs(BaseModel):
     content: list[TokenLogprob] | None
-
-
-class FunctionCall(BaseModel):
-    name: str
-    arguments: str  # JSON text, as OpenAI sends it
-
-
-class ToolCall(BaseModel):
-    id: str
-    type: Literal["function"] = "function"
-    function: FunctionCall
 
 
 class AssistantMessage(BaseModel):

@@ -245,7 +245,7 @@ def test_parameters_vllm_refuses_get_400_naming_the_parameter(key, extra, param)
         ({"messages": HELLO["messages"]}, "model"),
         ({"model": "stable"}, "messages"),
         ({"model": "stable", "messages": []}, "messages"),
-        (HELLO | {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        (HELLO | {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         (
             HELLO | {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
             "messages[0].content",

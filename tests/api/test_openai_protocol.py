@@ -172,7 +172,8 @@ def test_parameters_vllm_does_not_know_are_ignored():
             "does not match any of the specified `tools`",
         ),
         ({"tools": [LOOKUP], "tool_choice": "sometimes"}, "tool_choice", ""),
-        ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role", ""),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", ""),
+        ({"messages": [{"role": "user"}]}, "messages[0]", "needs a `content`"),
         ({"max_tokens": 0}, "max_tokens", ""),
         ({"temperature": 3}, "temperature", ""),
         ({"stream": "maybe"}, "stream", ""),
@@ -272,3 +273,31 @@ def test_a_text_answer_has_no_tool_calls_field_and_logprobs_in_openai_shape():
         ]
     }
     assert (second["index"], second["logprobs"], second["finish_reason"]) == (1, {"content": []}, "length")
+
+
+def test_a_tool_call_and_its_result_go_back_to_the_model_as_the_template_reads_them():
+    request = chat_request_parse(
+        HELLO
+        | {
+            "messages": [
+                {"role": "user", "content": "Where is order A1?"},
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "chatcmpl-tool-1",
+                            "type": "function",
+                            "function": {"name": "order_status", "arguments": '{"order_id": "A1"}'},
+                        }
+                    ],
+                },
+                {"role": "tool", "tool_call_id": "chatcmpl-tool-1", "content": "Shipped on Monday."},
+            ]
+        }
+    )
+    assert request.prompt_messages() == [
+        {"role": "user", "content": "Where is order A1?"},
+        {"role": "assistant", "content": ""},
+        {"role": "tool", "content": "Shipped on Monday."},
+    ]
