@@ -58,6 +58,7 @@ _NOT_APPLIED: dict[str, tuple[Any, ...]] = {
     "truncate_prompt_tokens": (None,),
     "thinking_token_budget": (None,),
     "repetition_detection": (None,),
+    "return_tokens_as_token_ids": (None, False),
 }
 
 
