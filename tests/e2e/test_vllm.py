@@ -77,7 +77,9 @@ def test_eight_concurrent_questions_stream_real_answers_and_a_cancelled_one_is_a
 
 
 def _openai(stack) -> openai.OpenAI:
-    return openai.OpenAI(base_url=stack.base_url + "/v1", api_key=stack.create_api_key("victor"), max_retries=0)
+    return openai.OpenAI(
+        base_url=stack.base_url + "/v1", api_key=stack.create_api_key("victor"), max_retries=0
+    )
 
 
 ORDER_STATUS = {
