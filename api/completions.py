@@ -1,5 +1,5 @@
-"""Chat completions for the OpenAI-compatible API: submit to the scheduler, then follow the
-request's result stream and answer whole or as OpenAI chunks.
+"""Chat completions for the OpenAI-compatible API: submit to the scheduler (one generation per
+choice), then follow their result streams and answer whole or as OpenAI chunks.
 
 A `reset` event means a worker died and another restarts the answer from scratch. A whole
 answer simply starts collecting again. A stream that has not sent any text yet carries on
@@ -15,6 +15,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,13 +23,24 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from api.models import ApiKey
-from api.openai_shapes import ApiError, ChatRequest, ChunkHeader, completion_id, completion_object
+from api.openai_protocol import ChatCompletionRequest, ChoiceDelta, NamedToolChoice
+from api.openai_shapes import (
+    ApiError,
+    ChoiceOutcome,
+    ChunkHeader,
+    completion_id,
+    completion_object,
+    logprobs_shape,
+    named_tool_call_delta,
+    required_tool_calls,
+    tool_calls_delta,
+)
 from chat.sse import sse_comment, sse_data
 from scheduler import control
-from scheduler.admission import request_submit
-from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier
+from scheduler.admission import AdmissionRefused, request_submit
+from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier, Usage, tokens_logprobs
 from scheduler.policy import tier_policy
-from scheduler.results import result_follower
+from scheduler.results import ResultEvent, result_follower
 from scheduler.routing import variant_for
 from scheduler.rules import answer_wait_limit_s
 
@@ -38,31 +50,47 @@ EXPIRED_RETRY_AFTER_S = 10
 
 @dataclass(frozen=True, slots=True)
 class SubmittedCompletion:
-    request_id: str
+    request: ChatCompletionRequest
+    request_ids: list[str]  # one generation per choice; the first names the completion
     variant: str
     created: int
     wait_limit_s: float  # the longest the caller waits for the end of the answer
 
+    @property
+    def request_id(self) -> str:
+        return self.request_ids[0]
 
-def completion_submit(*, api_key: ApiKey, request: ChatRequest) -> SubmittedCompletion:
-    """Admit the request under the key's tier and limits; raises AdmissionRefused."""
-    request_id = str(uuid.uuid4())
-    variant = variant_for(conversation_id=completion_id(request_id))
+
+def completion_submit(*, api_key: ApiKey, request: ChatCompletionRequest) -> SubmittedCompletion:
+    """Admit the request under the key's tier and limits; raises AdmissionRefused.
+
+    Each of the `n` choices is a generation of its own (a job, a record, a result stream), so
+    it counts against the key's limits as a request would; if one is refused, those already
+    admitted are cancelled and the call is refused as a whole."""
+    request_ids = [str(uuid.uuid4()) for _ in range(request.choices)]
+    variant = variant_for(conversation_id=completion_id(request_ids[0]))
     tier = Tier(api_key.effective_tier)
-    request_submit(
-        job=GenerationJob(
-            request_id=request_id,
-            origin=Origin.API,
-            messages=request.messages,
-            sampling=request.sampling_params(),
-            client_id=api_key.client_id,
-            tier=tier,
-            variant=variant,
-            disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
-        )
-    )
+    for index, request_id in enumerate(request_ids):
+        try:
+            request_submit(
+                job=GenerationJob(
+                    request_id=request_id,
+                    origin=Origin.API,
+                    messages=request.prompt_messages(),
+                    sampling=request.sampling_params(seed_offset=index),
+                    client_id=api_key.client_id,
+                    tier=tier,
+                    variant=variant,
+                    disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
+                )
+            )
+        except AdmissionRefused:
+            for admitted in request_ids[:index]:
+                control.request_cancel(request_id=admitted)
+            raise
     return SubmittedCompletion(
-        request_id=request_id,
+        request=request,
+        request_ids=request_ids,
         variant=variant,
         created=int(time.time()),
         wait_limit_s=answer_wait_limit_s(tier_policy(tier).max_wait_s),
@@ -92,38 +120,100 @@ def _wait_limit_error(submitted: SubmittedCompletion) -> ApiError:
     return generation_error("timeout", f"No complete answer within {submitted.wait_limit_s:.0f} s.")
 
 
-async def _cancel(request_id: str) -> None:
-    await sync_to_async(control.request_cancel, thread_sensitive=False)(request_id=request_id)
+async def _cancel(*request_ids: str) -> None:
+    def cancel_all() -> None:
+        for request_id in request_ids:
+            control.request_cancel(request_id=request_id)
+
+    await sync_to_async(cancel_all, thread_sensitive=False)()
 
 
-async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
-    """Wait for the whole answer; returns a chat.completion object or raises ApiError."""
-    async with result_follower().subscribe(
-        variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
-    ) as subscription:
-        answer = AnswerFold()
-        try:
-            async with asyncio.timeout(submitted.wait_limit_s):
-                while not answer.finished:
-                    answer.add_all(
-                        event.body for event in await subscription.next_batch(submitted.wait_limit_s)
-                    )
-        except TimeoutError:
-            await _cancel(submitted.request_id)
-            raise _wait_limit_error(submitted) from None
+def _outcome(answer: AnswerFold) -> ChoiceOutcome:
+    """A finished choice, or the ApiError it ended with."""
     end = answer.end
     if isinstance(end, Error):
         raise generation_error(end.code, end.message)
     assert isinstance(end, Done)
     if end.finish_reason == "cancelled":
         raise _cancelled()
+    return ChoiceOutcome(text=answer.text, finish_reason=end.finish_reason, logprobs=answer.logprobs)
+
+
+def _usage(answers: list[AnswerFold]) -> Usage:
+    """As vLLM counts n choices: the prompt once, every choice's completion."""
+    ends = [answer.end for answer in answers if isinstance(answer.end, Done)]
+    return Usage(
+        prompt_tokens=ends[0].usage.prompt_tokens if ends else 0,
+        completion_tokens=sum(end.usage.completion_tokens for end in ends),
+    )
+
+
+async def _next_batches(
+    subscriptions: dict[int, Any], timeout_s: float
+) -> list[tuple[int, list[ResultEvent]]]:
+    """What arrived on any of the choices' subscriptions (by choice index), waiting up to
+    `timeout_s` for the first (else TimeoutError)."""
+    if len(subscriptions) == 1:
+        [(index, subscription)] = subscriptions.items()
+        return [(index, await subscription.next_batch(timeout_s))]
+    waits = {
+        asyncio.ensure_future(subscription.next_batch(timeout_s)): index
+        for index, subscription in subscriptions.items()
+    }
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+    # A wait that finished while the others were being cancelled has taken its batch: keep it.
+    arrived = [
+        (index, wait.result())
+        for wait, index in waits.items()
+        if not wait.cancelled() and not isinstance(wait.exception(), TimeoutError)
+    ]
+    if not arrived:
+        raise TimeoutError
+    return arrived
+
+
+async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
+    """Wait for the whole answer (every choice); returns a chat.completion object or raises
+    ApiError (the first failed choice's; the others are then cancelled)."""
+    answers = [AnswerFold() for _ in submitted.request_ids]
+    async with AsyncExitStack() as stack:
+        following = {
+            index: await stack.enter_async_context(
+                result_follower().subscribe(variant=submitted.variant, request_id=request_id, after_id="0-0")
+            )
+            for index, request_id in enumerate(submitted.request_ids)
+        }
+        try:
+            async with asyncio.timeout(submitted.wait_limit_s):
+                while following:
+                    for index, events in await _next_batches(following, submitted.wait_limit_s):
+                        answers[index].add_all(event.body for event in events)
+                        if answers[index].finished:
+                            del following[index]
+                            if isinstance(answers[index].end, Error):
+                                break
+                    if any(isinstance(answer.end, Error) for answer in answers):
+                        break
+        except TimeoutError:
+            await _cancel(*submitted.request_ids)
+            raise _wait_limit_error(submitted) from None
+    try:
+        outcomes = [_outcome(answer) for answer in answers if answer.finished]
+    except ApiError:
+        await _cancel(*submitted.request_ids)
+        raise
     return completion_object(
         request_id=submitted.request_id,
         created=submitted.created,
         model=submitted.variant,
-        text=answer.text,
-        finish_reason=end.finish_reason,
-        usage=end.usage,
+        choices=outcomes,
+        usage=_usage(answers),
+        request=submitted.request,
     )
 
 
@@ -134,50 +224,102 @@ def _json(data: dict[str, Any]) -> bytes:
 DONE = sse_data("[DONE]")
 
 
-async def completion_stream(submitted: SubmittedCompletion, *, include_usage: bool) -> AsyncIterator[bytes]:
-    """The answer as OpenAI SSE chunks, ending with `data: [DONE]`. While subscribed the request
-    counts as watched; once the client leaves, the worker cancels it after the API's grace."""
-    header = ChunkHeader(submitted.request_id, submitted.created, submitted.variant, include_usage)
+class _ChoiceStream:
+    """One choice of a streamed completion: its events in, its chunks out."""
+
+    def __init__(self, index: int, header: ChunkHeader, request: ChatCompletionRequest) -> None:
+        self.index = index
+        self.header = header
+        self.request = request
+        self.answer = AnswerFold()
+        self._named_tool_started = False
+
+    def chunks(self) -> list[dict[str, Any]]:
+        """The chunks for what arrived since the last call: text (or a named tool call's
+        arguments) with its logprobs, then the closing chunk once the choice has finished."""
+        chunks = []
+        choice = self.request.tool_choice
+        # "required" calls are sent whole once complete: until then nothing is taken (and a
+        # restart before the end is carried on, as nothing went out).
+        tokens = [] if choice == "required" else self.answer.unsent_tokens()
+        text = "".join(token.text for token in tokens)
+        delta: ChoiceDelta | None = None
+        if text and isinstance(choice, NamedToolChoice):
+            delta = named_tool_call_delta(None if self._named_tool_started else choice.function.name, text)
+            self._named_tool_started = True
+        elif text:
+            delta = ChoiceDelta(content=text)
+        if delta is not None:
+            logprobs = logprobs_shape(tokens_logprobs(tokens) or ()) if self.request.logprobs else None
+            chunks.append(self.header.chunk(delta, index=self.index, logprobs=logprobs))
+        end = self.answer.end
+        if isinstance(end, Done) and end.finish_reason != "cancelled":
+            finish_reason = end.finish_reason
+            if choice == "required":
+                calls = required_tool_calls(self.answer.text)
+                if calls:
+                    chunks.append(self.header.chunk(tool_calls_delta(calls), index=self.index))
+                if finish_reason == "stop":
+                    finish_reason = "tool_calls"
+            chunks.append(self.header.chunk(ChoiceDelta(), finish_reason, index=self.index))
+        return chunks
+
+
+async def completion_stream(submitted: SubmittedCompletion) -> AsyncIterator[bytes]:
+    """The answer as OpenAI SSE chunks (each choice's interleaved, as they come), ending with
+    `data: [DONE]`. While subscribed the requests count as watched; once the client leaves, the
+    worker cancels them after the API's grace."""
+    request = submitted.request
+    header = ChunkHeader(submitted.request_id, submitted.created, submitted.variant, request.include_usage)
+    choices = [_ChoiceStream(index, header, request) for index in range(len(submitted.request_ids))]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + submitted.wait_limit_s
-    async with result_follower().subscribe(
-        variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
-    ) as subscription:
-        yield _json(header.chunk({"role": "assistant", "content": ""}))
-        answer = AnswerFold()
-        while True:
+    async with AsyncExitStack() as stack:
+        following = {
+            index: await stack.enter_async_context(
+                result_follower().subscribe(variant=submitted.variant, request_id=request_id, after_id="0-0")
+            )
+            for index, request_id in enumerate(submitted.request_ids)
+        }
+        for choice in choices:
+            yield _json(header.chunk(ChoiceDelta(role="assistant", content=""), index=choice.index))
+        while following:
             left_s = deadline - loop.time()
             if left_s <= 0:
-                await _cancel(submitted.request_id)
+                await _cancel(*submitted.request_ids)
                 yield _json(_wait_limit_error(submitted).body())
                 yield DONE
                 return
             try:
-                events = await subscription.next_batch(min(settings.SSE_HEARTBEAT_S, left_s))
+                arrived = await _next_batches(following, min(settings.SSE_HEARTBEAT_S, left_s))
             except TimeoutError:
                 yield sse_comment("keep-alive")  # proxies close connections that stay silent
                 continue
-            answer.add_all(event.body for event in events)
-            if answer.restarted_after_sending:
-                await _cancel(submitted.request_id)
-                yield _json(_restarted().body())
-                yield DONE
-                return
-            text = answer.unsent()
-            if text:
-                yield _json(header.chunk({"content": text}))
-            if answer.end is not None:
-                for frame in _closing_frames(header, answer.end):
-                    yield frame
-                return
-
-
-def _closing_frames(header: ChunkHeader, end: Done | Error) -> list[bytes]:
-    if isinstance(end, Error):
-        return [_json(generation_error(end.code, end.message).body()), DONE]
-    if end.finish_reason == "cancelled":
-        return [_json(_cancelled().body()), DONE]
-    frames = [_json(header.chunk({}, end.finish_reason))]
+            for index, events in arrived:
+                choice = choices[index]
+                choice.answer.add_all(event.body for event in events)
+                failure = _failure(choice.answer)
+                if failure is not None:
+                    await _cancel(*submitted.request_ids)
+                    yield _json(failure.body())
+                    yield DONE
+                    return
+                for chunk in choice.chunks():
+                    yield _json(chunk)
+                if choice.answer.finished:
+                    del following[index]
     if header.include_usage:
-        frames.append(_json(header.usage_chunk(end.usage)))
-    return [*frames, DONE]
+        yield _json(header.usage_chunk(_usage([choice.answer for choice in choices])))
+    yield DONE
+
+
+def _failure(answer: AnswerFold) -> ApiError | None:
+    """Why a streamed choice cannot go on, if it cannot."""
+    if answer.restarted_after_sending:
+        return _restarted()
+    end = answer.end
+    if isinstance(end, Error):
+        return generation_error(end.code, end.message)
+    if isinstance(end, Done) and end.finish_reason == "cancelled":
+        return _cancelled()
+    return None

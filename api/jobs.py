@@ -31,7 +31,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from api.models import ApiKey, BatchJob, BatchJobItem
-from api.openai_shapes import ChatRequest
+from api.openai_protocol import ChatCompletionRequest
 from chat.models import User
 from scheduler import control, keys
 from scheduler.admission import AdmissionRefused, request_submit
@@ -70,7 +70,7 @@ class TooManyActiveJobs(Exception):
 # --- writes -----------------------------------------------------------------------------------
 
 
-def job_create(*, api_key: ApiKey, requests: list[ChatRequest]) -> BatchJob:
+def job_create(*, api_key: ApiKey, requests: list[ChatCompletionRequest]) -> BatchJob:
     """Store the job and its requests, ready for a Celery task to feed (api.tasks.job_start).
     Raises TooManyActiveJobs."""
     with transaction.atomic():
@@ -90,7 +90,7 @@ def job_create(*, api_key: ApiKey, requests: list[ChatRequest]) -> BatchJob:
             BatchJobItem(
                 job=job,
                 index=n,
-                request={"messages": request.messages, **request.sampling_params().to_dict()},
+                request={"messages": request.prompt_messages(), **request.sampling_params().to_dict()},
             )
             for n, request in enumerate(requests)
         )

@@ -1,21 +1,75 @@
 """The `/v1` wire protocol as pydantic models, and the OpenAPI document generated from them
 (served at `GET /v1/openapi.json`).
 
-`openai_shapes` parses requests (with OpenAI's error for each field) and builds responses;
-these models describe the same bodies for clients and for the schema-driven tests, which
-check every response against them. The caps in the request schema come from settings.
+These models are the one parser of request bodies (`openai_shapes.chat_request_parse` turns
+their errors into OpenAI's) and the shapes responses are built from. Names, defaults, checks
+and error texts follow vLLM's OpenAI server (`vllm/entrypoints/openai/chat_completion/
+protocol.py`), which is what a caller of a vLLM service expects; as there, parameters not
+listed are ignored. The caps that come from settings are checked here and written into the
+document by `_request_caps`.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal
 
 from django.conf import settings
-from pydantic import BaseModel, ConfigDict, Field
+from jsonschema import SchemaError
+from jsonschema.validators import validator_for
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 from pydantic.json_schema import models_json_schema
 
 from api.models import BatchJob, BatchJobItem
-from api.openai_shapes import MAX_STOP_SEQUENCES, MIN_TOP_P, ROLES
+from scheduler.generation import SamplingParams, StructuredOutput
+
+# OpenAI's roles, and what the model's chat template is given for each.
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
+MAX_STOP_SEQUENCES = 4  # vLLM's VLLM_MAX_STOP_STRINGS
+MAX_TOP_LOGPROBS = 20  # vLLM's max_logprobs
+_INT64 = 2**63
+GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, sampling is greedy
+
+
+# vLLM's extensions that would change the answer and that this service does not apply, with the
+# values that leave it unchanged: a request that sets one otherwise is refused, never answered as
+# if it had not asked. (Parameters vLLM itself does not know are ignored, as vLLM ignores them.)
+_NOT_APPLIED: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (None, False),
+    "echo": (None, False),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "bad_words": (None, []),
+    "allowed_token_ids": (None,),
+    "prompt_logprobs": (None,),
+    "logprob_token_ids": (None,),
+    "structured_outputs": (None,),
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
+    "chat_template": (None,),
+    "truncate_prompt_tokens": (None,),
+    "thinking_token_budget": (None,),
+    "repetition_detection": (None,),
+    "return_tokens_as_token_ids": (None, False),
+}
+
+
+class RequestInvalid(ValueError):
+    """A request refused with the parameter at fault (vLLM's VLLMValidationError)."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
 
 # --- requests -----------------------------------------------------------------------------------
 
@@ -25,34 +79,357 @@ class TextPart(BaseModel):
     text: str
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
+    """A message of the conversation. An assistant's may hold the tool calls it made (its
+    content then may be null), and a `tool` message the result of one. The chat template is
+    given the role and the text, as vLLM gives it to a template that has no place for tool
+    calls (SmolLM2's)."""
+
     role: Literal[tuple(ROLES)]  # type: ignore[valid-type]
-    content: str | list[TextPart]
+    content: str | list[TextPart] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = None
+
+    @model_validator(mode="after")
+    def _content_present(self) -> ChatMessage:
+        if self.content is None and self.role != "assistant":
+            raise RequestInvalid(f"A `{self.role}` message needs a `content`.")
+        return self
+
+    @property
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "\n".join(part.text for part in self.content)
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool | None = None
+    include_usage: bool | None = False
+    continuous_usage_stats: bool | None = False
+
+
+class JsonSchemaResponseFormat(BaseModel):
+    name: str
+    description: str | None = None
+    # OpenAI's field is `schema`, which pydantic's BaseModel reserves.
+    json_schema: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
+class ResponseFormat(BaseModel):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaResponseFormat | None = None
+
+
+class FunctionDefinition(BaseModel):
+    name: Annotated[str, Field(min_length=1)]
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatCompletionTool(BaseModel):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(BaseModel):
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    function: NamedFunction
+    type: Literal["function"] = "function"
+
+
+def _check_schema(schema: dict[str, Any], param: str) -> None:
+    try:
+        validator_for(schema).check_schema(schema)
+    except SchemaError as exc:
+        raise RequestInvalid(f"Invalid JSON schema: {exc.message}", param) from None
+
+
+def _object_or_empty(parameters: dict[str, Any] | None) -> dict[str, Any]:
+    # Missing parameters still constrain the arguments to a JSON object (as vLLM does).
+    return parameters if parameters else {"type": "object", "properties": {}}
 
 
 class ChatCompletionRequest(BaseModel):
-    """Parameters not listed are ignored when they change nothing here (`user`, `metadata`) and
-    refused with 400 when they would change the answer (`n` > 1, `tools`, `logprobs`...)."""
+    """A chat completion request, in the order of OpenAI's reference, then vLLM's extensions."""
 
     model_config = ConfigDict(extra="allow")
 
-    model: Annotated[str, Field(min_length=1)]
     messages: list[ChatMessage]
+    model: Annotated[str, Field(min_length=1)]
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
     max_tokens: Annotated[int, Field(ge=1)] | None = None
     max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(ge=MIN_TOP_P, le=1)] | None = None
+    n: int | None = 1
+    presence_penalty: float | None = None
+    response_format: ResponseFormat | None = None
+    seed: Annotated[int, Field(ge=-_INT64, lt=_INT64)] | None = None
     stop: (
         Annotated[str, Field(min_length=1)]
         | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)]
         | None
     ) = None
-    stream: bool | None = None
+    stream: bool | None = False
     stream_options: StreamOptions | None = None
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    tools: list[ChatCompletionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = "none"
+    parallel_tool_calls: bool | None = True
+    user: str | None = None
+    # vLLM's sampling parameters beyond OpenAI's
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    min_tokens: Annotated[int, Field(ge=0)] = 0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_what_is_not_applied(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, unchanged in _NOT_APPLIED.items():
+                if data.get(name) not in unchanged:
+                    raise RequestInvalid(f"`{name}` is not supported by this service.", name)
+            options = data.get("stream_options")
+            if isinstance(options, dict) and options.get("continuous_usage_stats"):
+                # Token events do not carry token counts, which usage on every chunk would need.
+                raise RequestInvalid(
+                    "`continuous_usage_stats` is not supported by this service.",
+                    "stream_options.continuous_usage_stats",
+                )
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_tool_choice(cls, data: Any) -> Any:
+        # As OpenAI and vLLM: tools without a tool_choice mean "auto".
+        if isinstance(data, dict) and "tool_choice" not in data and data.get("tools"):
+            return {**data, "tool_choice": "auto"}
+        return data
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_fit(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        limit = settings.API_MAX_MESSAGES
+        if not 1 <= len(messages) <= limit:
+            raise RequestInvalid(f"`messages` must be a list of 1 to {limit} messages.")
+        chars = sum(len(message.text) for message in messages)
+        if chars > settings.API_MAX_PROMPT_CHARS:
+            raise RequestInvalid(
+                f"The messages hold {chars} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted."
+            )
+        return messages
+
+    @field_validator("max_tokens", "max_completion_tokens")
+    @classmethod
+    def _tokens_fit(cls, value: int | None, info: ValidationInfo) -> int | None:
+        limit = settings.INFERENCE_MAX_MODEL_LEN
+        if value is not None and value > limit:
+            raise RequestInvalid(f"`{info.field_name}` must be an integer from 1 to {limit}.")
+        return value
+
+    @model_validator(mode="after")
+    def _sampling_checks(self) -> ChatCompletionRequest:
+        """vLLM's checks (SamplingParams._verify_args and the request's validators), its texts."""
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if value is not None and not -2.0 <= value <= 2.0:
+                raise RequestInvalid(f"{name} must be in [-2, 2], got {value}.", name)
+        penalty = self.repetition_penalty
+        if penalty is not None and not (math.isfinite(penalty) and penalty > 0):
+            raise RequestInvalid(
+                f"repetition_penalty must be a finite number greater than zero, got {penalty}.",
+                "repetition_penalty",
+            )
+        if self.top_k is not None and self.top_k < -1:
+            raise RequestInvalid(f"top_k must be 0 (disable), or at least 1, got {self.top_k}.", "top_k")
+        if self.min_p is not None and not 0.0 <= self.min_p <= 1.0:
+            raise RequestInvalid(f"min_p must be in [0, 1], got {self.min_p}.", "min_p")
+        max_tokens = self.requested_max_tokens
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            raise RequestInvalid(
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {self.min_tokens}.",
+                "min_tokens",
+            )
+        n = self.choices
+        if not 1 <= n <= settings.API_MAX_N:
+            raise RequestInvalid(f"n must be from 1 to {settings.API_MAX_N}, got {n}.", "n")
+        if n > 1 and self.sampling_temperature < GREEDY_TEMPERATURE:
+            raise RequestInvalid(f"n must be 1 when using greedy sampling, got {n}.", "n")
+        for key in self.logit_bias or {}:
+            if not key.lstrip("-").isdigit():
+                raise RequestInvalid(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias")
+        # As vLLM: an empty `stream_options` ({}) asks for nothing and is let through.
+        if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
+            raise RequestInvalid("Stream options can only be defined when `stream=True`.", "stream_options")
+        self._logprobs_checks()
+        self._structure_checks()
+        return self
+
+    def _logprobs_checks(self) -> None:
+        top = self.top_logprobs
+        if top is None:
+            return
+        if top < 0 and top != -1:
+            raise RequestInvalid("`top_logprobs` must be a positive value or -1.", "top_logprobs")
+        if (top == -1 or top > 0) and not self.logprobs:
+            raise RequestInvalid("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        if top == -1 or top > MAX_TOP_LOGPROBS:
+            raise RequestInvalid(
+                f"Requested sample logprobs of {'all tokens' if top == -1 else top}, which is greater "
+                f"than max allowed: {MAX_TOP_LOGPROBS}",
+                "logprobs",
+            )
+
+    def _structure_checks(self) -> None:
+        response_format = self.response_format
+        if response_format is not None and response_format.type == "json_schema":
+            if response_format.json_schema is None:
+                raise RequestInvalid(
+                    "When response_format type is 'json_schema', the 'json_schema' field must be provided.",
+                    "response_format",
+                )
+            _check_schema(response_format.json_schema.json_schema or {}, "response_format.json_schema.schema")
+        if self.tools == []:
+            raise RequestInvalid(
+                "`tools` must not be an empty array. "
+                "Either provide at least one tool or omit the field entirely.",
+                "tools",
+            )
+        for n, tool in enumerate(self.tools or ()):
+            _check_schema(_object_or_empty(tool.function.parameters), f"tools[{n}].function.parameters")
+        choice = self.tool_choice
+        if choice is None or choice == "none":
+            return
+        if self.tools is None:
+            raise RequestInvalid("When using `tool_choice`, `tools` must be set.", "tool_choice")
+        if choice == "auto":
+            # vLLM needs a tool call parser for the model to find calls in free text; none of
+            # the models served here has one.
+            raise RequestInvalid(
+                '"auto" tool choice requires a tool call parser for the model, and this service has '
+                'none: use tool_choice "required" or name the function.',
+                "tool_choice",
+            )
+        if isinstance(choice, NamedToolChoice) and choice.function.name not in self._tool_schemas():
+            raise RequestInvalid(
+                "The tool specified in `tool_choice` does not match any of the specified `tools`",
+                "tool_choice",
+            )
+
+    # --- what the engine is asked for -----------------------------------------------------------
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def answer_max_tokens(self) -> int:
+        return self.requested_max_tokens or settings.GENERATION_MAX_TOKENS
+
+    @property
+    def sampling_temperature(self) -> float:
+        return self.temperature if self.temperature is not None else settings.GENERATION_TEMPERATURE
+
+    @property
+    def choices(self) -> int:
+        return self.n if self.n is not None else 1
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def tool_choice_forced(self) -> bool:
+        """The answer is a call to a tool (named or "required"), never free text."""
+        return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+
+    def prompt_messages(self) -> list[dict[str, str]]:
+        return [{"role": ROLES[message.role], "content": message.text} for message in self.messages]
+
+    def _tool_schemas(self) -> dict[str, dict[str, Any]]:
+        return {tool.function.name: _object_or_empty(tool.function.parameters) for tool in self.tools or ()}
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The constraint on the answer, as vLLM derives it: a forced tool call overrides the
+        response format (named: the function's parameters; "required": a list of calls)."""
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return StructuredOutput(json_schema=self._tool_schemas()[choice.function.name])
+        if choice == "required":
+            calls: dict[str, Any] = {
+                "type": "array",
+                "minItems": 1,
+                "items": {
+                    "type": "object",
+                    "anyOf": [
+                        {
+                            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
+                            "required": ["name", "parameters"],
+                        }
+                        for name, schema in self._tool_schemas().items()
+                    ],
+                },
+            }
+            if self.parallel_tool_calls is False:
+                calls["maxItems"] = 1
+            return StructuredOutput(json_schema=calls)
+        response_format = self.response_format
+        if response_format is None or response_format.type == "text":
+            return None
+        if response_format.type == "json_object":
+            return StructuredOutput(json_object=True)
+        assert response_format.json_schema is not None  # checked above
+        return StructuredOutput(json_schema=response_format.json_schema.json_schema or {})
+
+    def sampling_params(self, *, seed_offset: int = 0) -> SamplingParams:
+        """What the engine applies (vLLM's `to_sampling_params`). Choice `seed_offset` of n
+        samples with the seed plus its index, as vLLM's parallel sampling seeds its children."""
+        return SamplingParams(
+            max_tokens=self.answer_max_tokens,
+            temperature=self.sampling_temperature,
+            top_p=self.top_p if self.top_p is not None else settings.GENERATION_TOP_P,
+            stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
+            seed=None if self.seed is None else self.seed + seed_offset,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self.repetition_penalty if self.repetition_penalty is not None else 1.0,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
+            # vLLM clamps each bias to [-100, 100].
+            logit_bias=None
+            if self.logit_bias is None
+            else {int(k): min(100.0, max(-100.0, v)) for k, v in self.logit_bias.items()},
+            structured=self.structured_output(),
+        )
 
 
 class JobCreateRequest(BaseModel):
@@ -79,27 +456,88 @@ class Usage(BaseModel):
     total_tokens: int
 
 
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
 class AssistantMessage(BaseModel):
-    role: Literal["assistant"]
-    content: str
-    refusal: None
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    refusal: None = None
+    # Only present when the answer calls tools (as vLLM's server writes it).
+    tool_calls: list[ToolCall] | None = Field(default=None, json_schema_extra={"minItems": 1})
+
+    @model_serializer(mode="wrap")
+    def _without_absent_tool_calls(self, handler: Any) -> dict[str, Any]:
+        data = handler(self)
+        if not self.tool_calls:
+            data.pop("tool_calls", None)
+        return data
 
 
 class Choice(BaseModel):
     index: int
     message: AssistantMessage
-    logprobs: None
+    logprobs: ChoiceLogprobs | None
     finish_reason: str
 
 
 class ChatCompletion(BaseModel):
     id: str
-    object: Literal["chat.completion"]
+    object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
-    system_fingerprint: None
+    system_fingerprint: None = None
     choices: list[Choice]
     usage: Usage
+
+
+class FunctionCallDelta(BaseModel):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(BaseModel):
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionCallDelta | None = None
+
+
+class ChoiceDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int
+    delta: ChoiceDelta
+    logprobs: ChoiceLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a streamed completion; it is sent with only the fields that were
+    set (`exclude_unset`), as vLLM sends its chunks."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[ChunkChoice]
+    usage: Usage | None = None
 
 
 class Model(BaseModel):
@@ -153,6 +591,7 @@ _SCHEMAS: tuple[type[BaseModel], ...] = (
     JobCreateRequest,
     ErrorResponse,
     ChatCompletion,
+    ChatCompletionChunk,
     ModelList,
     Model,
     Job,
@@ -191,6 +630,7 @@ def _request_caps(schemas: dict[str, Any]) -> None:
     chat["messages"] |= {"minItems": 1, "maxItems": settings.API_MAX_MESSAGES}
     for name in ("max_tokens", "max_completion_tokens"):
         chat[name]["anyOf"][0]["maximum"] = settings.INFERENCE_MAX_MODEL_LEN
+    chat["n"]["anyOf"][0] |= {"minimum": 1, "maximum": settings.API_MAX_N}
     jobs = schemas["JobCreateRequest"]["properties"]["requests"]
     jobs |= {"minItems": 1, "maxItems": settings.BATCH_JOB_MAX_REQUESTS}
 

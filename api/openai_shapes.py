@@ -1,47 +1,45 @@
 """The OpenAI wire format: parse a chat completion request, shape responses, chunks and errors.
 
-Only what the scheduler can honour is accepted; a parameter that would change the answer and
-that we cannot apply (n > 1, tools, logprobs, penalties...) is a 400 in OpenAI's error shape,
-never silently ignored. Parameters that change nothing here (`user`, `metadata`...) are ignored.
+Requests are parsed by the protocol's pydantic models (`api.openai_protocol`), which follow
+vLLM's OpenAI server: what it accepts is accepted with the same meaning, what it refuses is a
+400 in OpenAI's error shape naming the parameter, and parameters it does not know are ignored.
 """
 
 from __future__ import annotations
 
+import json
+import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 from django.conf import settings
 from django.http import JsonResponse
+from pydantic import TypeAdapter, ValidationError
 
 from api.models import BatchJob, BatchJobItem
+from api.openai_protocol import AssistantMessage as AssistantMessageShape
+from api.openai_protocol import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    Choice,
+    ChoiceDelta,
+    ChoiceLogprobs,
+    ChunkChoice,
+    FunctionCall,
+    FunctionCallDelta,
+    NamedToolChoice,
+    RequestInvalid,
+    ToolCall,
+    ToolCallDelta,
+)
+from api.openai_protocol import TokenLogprob as TokenLogprobShape
+from api.openai_protocol import Usage as UsageShape
 from scheduler.admission import AdmissionRefused
-from scheduler.generation import SamplingParams, Usage
+from scheduler.generation import TokenLogprob, Usage
 from scheduler.prompt import ChatTemplateError, prompt_token_count
-
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-MAX_STOP_SEQUENCES = 4
-# vLLM needs top_p above 0; 0 would mean "no token at all".
-MIN_TOP_P = 1e-6
-# Parameters we cannot apply, with the values that mean "not used".
-_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "functions": (None, []),
-    "function_call": (None, "none"),
-    "logprobs": (None, False),
-    "top_logprobs": (None, 0),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "seed": (None,),
-    "audio": (None,),
-    "prediction": (None,),
-    "response_format": (None, {"type": "text"}),
-    "modalities": (None, ["text"]),
-}
 
 
 class ApiError(Exception):
@@ -104,81 +102,49 @@ def api_error_for_refusal(refusal: AdmissionRefused) -> ApiError:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class ChatRequest:
-    """A validated request. Its `model` is only checked: routing picks the variant that answers
-    (stable or canary), and responses name the one that did."""
-
-    messages: list[dict[str, str]]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    stop: list[str] = field(default_factory=list)
-    stream: bool = False
-    include_usage: bool = False
-
-    def sampling_params(self) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, stop=tuple(self.stop)
-        )
+# Steps of a pydantic error location that name a branch of a union or a validator, not a field
+# (as vLLM's server drops them from `param`).
+_LOCATION_MARKERS = frozenset(
+    {"str", "int", "float", "bool", "list", "dict", "none", "union", "tagged-union"}
+)
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
+def _param(location: tuple[int | str, ...], prefix: str) -> str | None:
+    """A pydantic error location as OpenAI names a parameter: `messages[0].content`."""
+    param = ""
+    for part in location:
+        if isinstance(part, int):
+            param += f"[{part}]"
+        elif not (
+            part in _LOCATION_MARKERS
+            or part.startswith("constrained-")
+            or part[:1].isupper()  # a model's name: the branch of a union
+            or any(c in part for c in "[](){}")
+        ):
+            param += f".{part}" if param else part
+    return prefix + param if param else prefix.rstrip(".") or None
 
 
-def _content_text(content: Any, param: str) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        texts = []
-        for n, part in enumerate(content):
-            if (
-                not isinstance(part, dict)
-                or part.get("type") != "text"
-                or not isinstance(part.get("text"), str)
-            ):
-                raise invalid("Only text content parts are supported.", f"{param}[{n}]")
-            texts.append(part["text"])
-        return "\n".join(texts)
-    raise invalid("Message content must be a string or a list of text parts.", param)
+def _validation_error(exc: ValidationError, prefix: str) -> ApiError:
+    error = exc.errors()[0]
+    cause = (error.get("ctx") or {}).get("error")
+    if isinstance(cause, RequestInvalid):
+        param = prefix + cause.param if cause.param else _param(error["loc"], prefix)
+        return invalid(cause.message, param)
+    param = _param(error["loc"], prefix)
+    if error["type"] == "missing":
+        return invalid(f"`{param}` is required.", param)
+    return invalid(f"Invalid value for `{param}`: {error['msg']}.", param)
 
 
-def _messages(raw: Any, param: str) -> list[dict[str, str]]:
-    limit = settings.API_MAX_MESSAGES
-    if not isinstance(raw, list) or not 1 <= len(raw) <= limit:
-        raise invalid(f"`messages` must be a list of 1 to {limit} messages.", param)
-    messages = []
-    for n, message in enumerate(raw):
-        where = f"{param}[{n}]"
-        if not isinstance(message, dict):
-            raise invalid("Each message must be an object with `role` and `content`.", where)
-        role = message.get("role")
-        if not isinstance(role, str):
-            raise invalid(f"`role` must be one of {', '.join(ROLES)}.", f"{where}.role")
-        if role in {"tool", "function"} or message.get("tool_calls"):
-            raise invalid("Tools (function calling) are not supported.", f"{where}.role")
-        if role not in ROLES:
-            raise invalid(f"Unknown role {role!r}; use one of {', '.join(ROLES)}.", f"{where}.role")
-        messages.append(
-            {"role": ROLES[role], "content": _content_text(message.get("content"), f"{where}.content")}
-        )
-    chars = sum(len(message["content"]) for message in messages)
-    if chars > settings.API_MAX_PROMPT_CHARS:
-        raise invalid(
-            f"The messages hold {chars} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted.",
-            param,
-        )
-    return messages
-
-
-def _context_check(messages: list[dict[str, str]], max_tokens: int, param: str) -> None:
+def _context_check(request: ChatCompletionRequest, param: str) -> None:
     """Refuse, before it is queued, a prompt that the model's context cannot hold with its answer."""
     try:
-        prompt_tokens = prompt_token_count(messages, model_path=settings.INFERENCE_MODEL)
+        prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
     except ChatTemplateError as exc:
         raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
     context = settings.INFERENCE_MAX_MODEL_LEN
+    max_tokens = request.answer_max_tokens
     if prompt_tokens + max_tokens > context:
         raise ApiError(
             400,
@@ -190,72 +156,26 @@ def _context_check(messages: list[dict[str, str]], max_tokens: int, param: str) 
         )
 
 
-def _max_tokens(data: dict[str, Any], param: str) -> int:
-    name = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
-    value = data.get(name)
-    if value is None:
-        return settings.GENERATION_MAX_TOKENS
-    limit = settings.INFERENCE_MAX_MODEL_LEN
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # JSON has one number type: 64.0 is the integer 64
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
-        raise invalid(f"`{name}` must be an integer from 1 to {limit}.", param + name)
-    return value
-
-
-def _bounded(data: dict[str, Any], name: str, default: float, low: float, high: float, param: str) -> float:
-    value = data.get(name)
-    if value is None:
-        return default
-    if not _is_number(value) or not low <= value <= high:
-        raise invalid(f"`{name}` must be a number from {low} to {high}.", param + name)
-    return float(value)
-
-
-def _stop(raw: Any, param: str) -> list[str]:
-    if raw is None:
-        return []
-    stops = [raw] if isinstance(raw, str) else raw
-    if (
-        not isinstance(stops, list)
-        or len(stops) > MAX_STOP_SEQUENCES
-        or not all(isinstance(s, str) and s for s in stops)
-    ):
-        raise invalid(f"`stop` must be a string or a list of up to {MAX_STOP_SEQUENCES} strings.", param)
-    return stops
-
-
-def chat_request_parse(data: Any, *, param_prefix: str = "", allow_stream: bool = True) -> ChatRequest:
-    """Validate a chat completion request body (already decoded JSON); raises ApiError(400)."""
+def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = False) -> ChatCompletionRequest:
+    """Validate a chat completion request body (already decoded JSON); raises ApiError(400).
+    A job's requests are answered whole, one choice each, from the stored answer's text."""
     if not isinstance(data, dict):
         raise invalid("The request body must be a JSON object.", param_prefix.rstrip(".") or None)
-    for name, unused in _UNSUPPORTED.items():
-        if data.get(name) not in unused:
-            raise invalid(f"`{name}` is not supported by this service.", param_prefix + name)
-    if not isinstance(data.get("model"), str) or not data["model"]:
-        raise invalid("`model` is required: one of the ids from GET /v1/models.", param_prefix + "model")
-    stream = False if data.get("stream") is None else data["stream"]
-    if not isinstance(stream, bool):
-        raise invalid("`stream` must be a boolean.", param_prefix + "stream")
-    if stream and not allow_stream:
-        raise invalid("Requests in a job are answered whole: leave `stream` out.", param_prefix + "stream")
-    stream_options = data.get("stream_options")
-    if stream_options is not None and (not stream or not isinstance(stream_options, dict)):
-        raise invalid(
-            "`stream_options` is only allowed with `stream: true`.", param_prefix + "stream_options"
-        )
-    messages = _messages(data.get("messages"), param_prefix + "messages")
-    max_tokens = _max_tokens(data, param_prefix)
-    _context_check(messages, max_tokens, param_prefix + "messages")
-    return ChatRequest(
-        messages=messages,
-        max_tokens=max_tokens,
-        temperature=_bounded(data, "temperature", settings.GENERATION_TEMPERATURE, 0.0, 2.0, param_prefix),
-        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, MIN_TOP_P, 1.0, param_prefix),
-        stop=_stop(data.get("stop"), param_prefix + "stop"),
-        stream=stream,
-        include_usage=bool((stream_options or {}).get("include_usage")),
-    )
+    try:
+        request = ChatCompletionRequest.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, param_prefix) from None
+    if in_job:
+        for name, used in (
+            ("stream", request.stream),
+            ("n", request.choices > 1),
+            ("logprobs", request.logprobs),
+            ("tool_choice", request.tool_choice_forced),
+        ):
+            if used:
+                raise invalid(f"`{name}` is not available for requests in a job.", param_prefix + name)
+    _context_check(request, param_prefix + "messages")
+    return request
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -266,8 +186,84 @@ def completion_id(request_id: str) -> str:
 
 
 def usage_object(usage: Usage) -> dict[str, int]:
+    return _usage_shape(usage).model_dump()
+
+
+def _usage_shape(usage: Usage) -> UsageShape:
     prompt, completion = usage.prompt_tokens, usage.completion_tokens
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return UsageShape(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def tool_call_id() -> str:
+    return f"chatcmpl-tool-{uuid.uuid4().hex}"  # vLLM's form
+
+
+@dataclass(frozen=True, slots=True)
+class _CalledFunction:
+    """One call of a "required" tool choice, as the structured output makes the model write it."""
+
+    name: str
+    parameters: dict[str, Any]
+
+
+_CALLED_FUNCTIONS = TypeAdapter(list[_CalledFunction])
+
+
+@dataclass(frozen=True, slots=True)
+class ChoiceOutcome:
+    """One choice as its generation ended."""
+
+    text: str
+    finish_reason: str
+    logprobs: list[TokenLogprob] | None = None
+
+
+def logprobs_shape(entries: Iterable[TokenLogprob]) -> ChoiceLogprobs:
+    return ChoiceLogprobs(content=[TokenLogprobShape.model_validate(entry.to_dict()) for entry in entries])
+
+
+def required_tool_calls(text: str) -> list[ToolCall]:
+    """The calls in a "required" answer (a JSON list of {name, parameters}); none when the text
+    is not such a list (cut short by max_tokens), as vLLM's server answers then."""
+    try:
+        called = _CALLED_FUNCTIONS.validate_json(text)
+    except ValidationError:
+        return []
+    return [
+        ToolCall(
+            id=tool_call_id(),
+            function=FunctionCall(name=call.name, arguments=json.dumps(call.parameters, ensure_ascii=False)),
+        )
+        for call in called
+    ]
+
+
+def choice_object(index: int, outcome: ChoiceOutcome, request: ChatCompletionRequest | None) -> Choice:
+    """A whole choice as vLLM's server writes it. A forced tool call (named or "required") is
+    the answer's text parsed into `tool_calls`; "required" then finishes with "tool_calls"."""
+    message = AssistantMessageShape(content=outcome.text)
+    finish_reason = outcome.finish_reason
+    choice = request.tool_choice if request is not None else None
+    if isinstance(choice, NamedToolChoice):
+        calls = (
+            [
+                ToolCall(
+                    id=tool_call_id(),
+                    function=FunctionCall(name=choice.function.name, arguments=outcome.text),
+                )
+            ]
+            if outcome.text.strip()
+            else []
+        )
+        message = AssistantMessageShape(content="", tool_calls=calls)
+    elif choice == "required":
+        message = AssistantMessageShape(content="", tool_calls=required_tool_calls(outcome.text))
+        if finish_reason == "stop":
+            finish_reason = "tool_calls"
+    logprobs = None
+    if request is not None and request.logprobs:
+        logprobs = logprobs_shape(outcome.logprobs or ())
+    return Choice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason)
 
 
 def completion_object(
@@ -275,26 +271,18 @@ def completion_object(
     request_id: str,
     created: int,
     model: str,
-    text: str,
-    finish_reason: str,
+    choices: list[ChoiceOutcome],
     usage: Usage,
+    request: ChatCompletionRequest | None = None,
 ) -> dict[str, Any]:
-    return {
-        "id": completion_id(request_id),
-        "object": "chat.completion",
-        "created": created,
-        "model": model,
-        "system_fingerprint": None,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-        "usage": usage_object(usage),
-    }
+    """`request` None: a stored answer, text only (a job's)."""
+    return ChatCompletion(
+        id=completion_id(request_id),
+        created=created,
+        model=model,
+        choices=[choice_object(index, outcome, request) for index, outcome in enumerate(choices)],
+        usage=_usage_shape(usage),
+    ).model_dump(mode="json")
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,24 +294,66 @@ class ChunkHeader:
     model: str
     include_usage: bool
 
-    def chunk(self, delta: dict[str, str] | None, finish_reason: str | None = None) -> dict[str, Any]:
-        """A chunk with one choice, or with none (the closing usage chunk) when `delta` is None."""
-        chunk: dict[str, Any] = {
-            "id": completion_id(self.request_id),
-            "object": "chat.completion.chunk",
-            "created": self.created,
-            "model": self.model,
-            "system_fingerprint": None,
-            "choices": []
+    def chunk(
+        self,
+        delta: ChoiceDelta | None,
+        finish_reason: str | None = None,
+        *,
+        index: int = 0,
+        logprobs: ChoiceLogprobs | None = None,
+    ) -> dict[str, Any]:
+        """A chunk with one choice, or with none (the closing usage chunk) when `delta` is None.
+        The delta holds only the fields it was given, as vLLM sends it."""
+        chunk = ChatCompletionChunk(
+            id=completion_id(self.request_id),
+            object="chat.completion.chunk",
+            created=self.created,
+            model=self.model,
+            system_fingerprint=None,
+            choices=[]
             if delta is None
-            else [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
-        }
+            else [ChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)],
+        )
         if self.include_usage:
-            chunk["usage"] = None  # OpenAI: null on every chunk but the last
-        return chunk
+            chunk.usage = None  # OpenAI: null on every chunk but the last
+        return chunk.model_dump(mode="json", exclude_unset=True)
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self.chunk(None), "usage": usage_object(usage)}
+
+
+def named_tool_call_delta(name: str | None, arguments: str) -> ChoiceDelta:
+    """A named tool call's arguments as they stream; the first delta (`name` given) also carries
+    the call's id, type and name (vLLM's extract_named_tool_call_streaming)."""
+    if name is None:
+        return ChoiceDelta(
+            tool_calls=[ToolCallDelta(index=0, function=FunctionCallDelta(arguments=arguments))]
+        )
+    return ChoiceDelta(
+        tool_calls=[
+            ToolCallDelta(
+                index=0,
+                id=tool_call_id(),
+                type="function",
+                function=FunctionCallDelta(name=name, arguments=arguments),
+            )
+        ]
+    )
+
+
+def tool_calls_delta(calls: list[ToolCall]) -> ChoiceDelta:
+    """A "required" answer's calls, whole, in one delta."""
+    return ChoiceDelta(
+        tool_calls=[
+            ToolCallDelta(
+                index=n,
+                id=call.id,
+                type="function",
+                function=FunctionCallDelta(name=call.function.name, arguments=call.function.arguments),
+            )
+            for n, call in enumerate(calls)
+        ]
+    )
 
 
 def model_list(models: dict[str, str]) -> dict[str, Any]:
@@ -339,21 +369,30 @@ def model_object(variant: str, engines: str) -> dict[str, Any]:
 # --- jobs -------------------------------------------------------------------------------------
 
 
-def job_requests_parse(data: Any) -> list[ChatRequest]:
+def job_requests_parse(data: Any) -> list[ChatCompletionRequest]:
     """`{"requests": [chat completion request, ...]}`; raises ApiError(400)."""
     limit = settings.BATCH_JOB_MAX_REQUESTS
     requests = data.get("requests") if isinstance(data, dict) else None
     if not isinstance(requests, list) or not 1 <= len(requests) <= limit:
         raise invalid(f"`requests` must be a list of 1 to {limit} chat completion requests.", "requests")
-    parsed = [
-        chat_request_parse(request, param_prefix=f"requests[{n}].", allow_stream=False)
+    # A job's requests are stored, and PostgreSQL stores no NUL character.
+    for n, request in enumerate(requests):
+        if _has_nul(request):
+            raise invalid("A stored request cannot contain NUL characters.", f"requests[{n}]")
+    return [
+        chat_request_parse(request, param_prefix=f"requests[{n}].", in_job=True)
         for n, request in enumerate(requests)
     ]
-    # A job's requests are stored, and PostgreSQL stores no NUL character.
-    for n, request in enumerate(parsed):
-        if any("\x00" in text for text in [*(m["content"] for m in request.messages), *request.stop]):
-            raise invalid("A stored request cannot contain NUL characters.", f"requests[{n}]")
-    return parsed
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(key) or _has_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(item) for item in value)
+    return False
 
 
 def _timestamp(moment: datetime | None) -> int | None:
@@ -368,8 +407,7 @@ def _item_result(item: BatchJobItem) -> dict[str, Any]:
             request_id=str(item.generation_id),
             created=_timestamp(answer.finished_at) or 0,
             model=answer.variant,
-            text=answer.text,
-            finish_reason=answer.finish_reason,
+            choices=[ChoiceOutcome(text=answer.text, finish_reason=answer.finish_reason)],
             usage=Usage(answer.prompt_tokens or 0, answer.completion_tokens or 0),
         )
     elif item.status == BatchJobItem.Status.FAILED:

@@ -25,7 +25,6 @@ from api import keys as api_keys
 from api.models import ApiKey, BatchJob
 from api.openai_shapes import (
     ApiError,
-    ChatRequest,
     api_error_for_refusal,
     chat_request_parse,
     invalid,
@@ -144,22 +143,22 @@ def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
     return JsonResponse(model_object(model_id, live[model_id]))
 
 
-def _completion_admit(request: HttpRequest) -> tuple[ChatRequest, completions.SubmittedCompletion]:
+def _completion_admit(request: HttpRequest) -> completions.SubmittedCompletion:
     """Authenticate, validate and submit: everything synchronous, in one trip to a thread."""
     api_key = _authenticated(request)
     chat_request = chat_request_parse(_json_body(request))
     try:
-        return chat_request, completions.completion_submit(api_key=api_key, request=chat_request)
+        return completions.completion_submit(api_key=api_key, request=chat_request)
     except AdmissionRefused as refusal:
         raise api_error_for_refusal(refusal) from None
 
 
 @api_view("POST")
 async def chat_completions(request: HttpRequest) -> HttpResponse:
-    chat_request, submitted = await sync_to_async(_completion_admit)(request)
-    if chat_request.stream:
+    submitted = await sync_to_async(_completion_admit)(request)
+    if submitted.request.stream:
         return StreamingHttpResponse(
-            completions.completion_stream(submitted, include_usage=chat_request.include_usage),
+            completions.completion_stream(submitted),
             content_type="text/event-stream",
             headers=SSE_HEADERS,
         )

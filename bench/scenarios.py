@@ -77,6 +77,7 @@ async def _engine_alone(
     from django.conf import settings
 
     from inference.engines.base import GenerationRequest
+    from scheduler.generation import SamplingParams
 
     results: list[RequestResult] = []
     counter = iter(range(requests))
@@ -90,8 +91,7 @@ async def _engine_alone(
                     {"role": "system", "content": settings.CHAT_SYSTEM_PROMPT},
                     {"role": "user", "content": question(n)},
                 ],
-                max_tokens=max_tokens,
-                temperature=0.0,
+                sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, top_p=1.0),
             )
             async for delta in engine.generate(request):
                 if delta.text:

@@ -252,6 +252,8 @@ API_DISCONNECT_GRACE_S = env_float("API_DISCONNECT_GRACE_S", 30.0)
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 2 * 1024 * 1024)
 API_MAX_MESSAGES = env_int("API_MAX_MESSAGES", 128)
 API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 32000)
+# Choices one call may ask for (`n`): each is a generation of its own, admitted and queued.
+API_MAX_N = env_int("API_MAX_N", 8)
 # Django refuses a body above this before any view sees it: never below the API's own cap.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, 2_621_440)
 BATCH_JOB_MAX_REQUESTS = env_int("BATCH_JOB_MAX_REQUESTS", 1000)

@@ -322,14 +322,8 @@ class InferenceWorker:
             )
             return
         self._emit(job, Start(worker=self.worker_id, variant=job.variant, attempt=job.attempt))
-        sampling = job.generation.sampling
         request = GenerationRequest(
-            request_id=job.request_id,
-            messages=job.generation.messages,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            stop=list(sampling.stop),
+            request_id=job.request_id, messages=job.generation.messages, sampling=job.generation.sampling
         )
         started = time.monotonic()
         ttft_ms: float | None = None
@@ -338,10 +332,10 @@ class InferenceWorker:
         try:
             async with asyncio.timeout(self.config.generation_timeout_s):
                 async for last in self.engine.generate(request):
-                    if last.text:
+                    if last.text or last.logprobs:
                         if ttft_ms is None:
                             ttft_ms = (time.monotonic() - started) * 1000
-                        self._emit(job, Token(seq=len(entry.text), text=last.text))
+                        self._emit(job, Token(seq=len(entry.text), text=last.text, logprobs=last.logprobs))
                         entry.text.append(last.text)
                     if last.finish_reason is not None:
                         finish_reason = last.finish_reason

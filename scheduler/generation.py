@@ -44,13 +44,43 @@ class Origin(StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the answer's shape, applied by the engine while it samples (vLLM's
+    structured outputs): valid JSON (`json_object`), or JSON valid against `json_schema`."""
+
+    json_object: bool = False
+    json_schema: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"json_object": self.json_object, "json_schema": self.json_schema}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> StructuredOutput:
+        return cls(json_object=bool(data.get("json_object")), json_schema=data.get("json_schema"))
+
+
+@dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to sample the answer; the engine applies these and nothing else."""
+    """How to sample the answer; the engine applies these and nothing else. Names, defaults and
+    meanings are vLLM's `SamplingParams`."""
 
     max_tokens: int
     temperature: float
     top_p: float
     stop: tuple[str, ...] = ()
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    top_k: int = 0  # 0: all tokens
+    min_p: float = 0.0
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: tuple[int, ...] = ()
+    # How many most likely tokens to report beside each sampled one; None: no logprobs at all.
+    logprobs: int | None = None
+    logit_bias: dict[int, float] | None = None
+    structured: StructuredOutput | None = None
 
     @classmethod
     def defaults(cls) -> SamplingParams:
@@ -61,15 +91,51 @@ class SamplingParams:
         )
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "stop": list(self.stop)}
+        return {
+            "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "stop": list(self.stop),
+            "seed": self.seed,
+            "presence_penalty": self.presence_penalty,
+            "frequency_penalty": self.frequency_penalty,
+            "repetition_penalty": self.repetition_penalty,
+            "top_k": self.top_k,
+            "min_p": self.min_p,
+            "min_tokens": self.min_tokens,
+            "ignore_eos": self.ignore_eos,
+            "stop_token_ids": list(self.stop_token_ids),
+            "logprobs": self.logprobs,
+            # JSON object keys are strings: token ids travel as text.
+            "logit_bias": None
+            if self.logit_bias is None
+            else {str(k): v for k, v in self.logit_bias.items()},
+            "structured": None if self.structured is None else self.structured.to_dict(),
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SamplingParams:
+        """Absent keys take their defaults: batch items stored before a parameter existed still
+        decode to what they meant."""
+        logit_bias = data.get("logit_bias")
+        structured = data.get("structured")
         return cls(
             max_tokens=int(data["max_tokens"]),
             temperature=float(data["temperature"]),
             top_p=float(data["top_p"]),
             stop=tuple(data.get("stop") or ()),
+            seed=data.get("seed"),
+            presence_penalty=float(data.get("presence_penalty", 0.0)),
+            frequency_penalty=float(data.get("frequency_penalty", 0.0)),
+            repetition_penalty=float(data.get("repetition_penalty", 1.0)),
+            top_k=int(data.get("top_k", 0)),
+            min_p=float(data.get("min_p", 0.0)),
+            min_tokens=int(data.get("min_tokens", 0)),
+            ignore_eos=bool(data.get("ignore_eos", False)),
+            stop_token_ids=tuple(data.get("stop_token_ids") or ()),
+            logprobs=data.get("logprobs"),
+            logit_bias=None if logit_bias is None else {int(k): float(v) for k, v in logit_bias.items()},
+            structured=None if structured is None else StructuredOutput.from_dict(structured),
         )
 
 
@@ -152,10 +218,57 @@ class Start:
 
 
 @dataclass(frozen=True, slots=True)
+class TopLogprob:
+    """One candidate token at one position, as OpenAI's `top_logprobs` entries show it."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"token": self.token, "logprob": self.logprob, "bytes": self.bytes}
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """The sampled token at one position, its log probability and the most likely candidates
+    (OpenAI's `logprobs.content` entry)."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: tuple[TopLogprob, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "token": self.token,
+            "logprob": self.logprob,
+            "bytes": self.bytes,
+            "top_logprobs": [top.to_dict() for top in self.top_logprobs],
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> TokenLogprob:
+        return cls(
+            token=data["token"],
+            logprob=float(data["logprob"]),
+            bytes=data.get("bytes"),
+            top_logprobs=tuple(
+                TopLogprob(token=top["token"], logprob=float(top["logprob"]), bytes=top.get("bytes"))
+                for top in data.get("top_logprobs") or ()
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Token:
+    """Text from one engine step; `logprobs` (one entry per token of the text) only when the
+    request asked for them."""
+
     type: ClassVar[str] = "token"
     seq: int
     text: str
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,7 +304,9 @@ TERMINAL_EVENTS = frozenset({Done.type, Error.type})
 def event_data(body: EventBody) -> dict[str, Any]:
     """An event's fields as sent on the wire (the result stream's `data`, the SSE `data`)."""
     if isinstance(body, Token):  # the per-token path: no asdict
-        return {"seq": body.seq, "text": body.text}
+        if body.logprobs is None:
+            return {"seq": body.seq, "text": body.text}
+        return {"seq": body.seq, "text": body.text, "logprobs": [entry.to_dict() for entry in body.logprobs]}
     if isinstance(body, Done):
         return {
             "finish_reason": body.finish_reason,
@@ -209,7 +324,12 @@ def event_encode(body: EventBody) -> tuple[str, str]:
 def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
     """The inverse of event_data; raises ValueError for an unknown type."""
     if kind == Token.type:
-        return Token(seq=int(data["seq"]), text=data["text"])
+        logprobs = data.get("logprobs")
+        return Token(
+            seq=int(data["seq"]),
+            text=data["text"],
+            logprobs=None if logprobs is None else tuple(TokenLogprob.from_dict(entry) for entry in logprobs),
+        )
     if kind == Queued.type:
         return Queued(seq=int(data["seq"]), tier=Tier(data["tier"]))
     if kind == Start.type:
@@ -236,13 +356,13 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
 
 
 class AnswerFold:
-    """An answer as its events tell it: the text written since the last reset, and how it
+    """An answer as its events tell it: the tokens written since the last reset, and how it
     ended. `unsent()` serves readers that pass the text on as it comes (a streamed reply)."""
 
     __slots__ = ("_parts", "_sent", "end", "restarted_after_sending")
 
     def __init__(self) -> None:
-        self._parts: list[str] = []
+        self._parts: list[Token] = []
         self._sent = 0
         self.end: Done | Error | None = None
         # A reset came after some text was passed on, which cannot be taken back.
@@ -250,7 +370,7 @@ class AnswerFold:
 
     def add(self, body: EventBody) -> None:
         if isinstance(body, Token):
-            self._parts.append(body.text)
+            self._parts.append(body)
         elif isinstance(body, Reset):
             if self._sent:
                 self.restarted_after_sending = True
@@ -268,14 +388,29 @@ class AnswerFold:
 
     @property
     def text(self) -> str:
-        return "".join(self._parts)
+        return "".join(part.text for part in self._parts)
+
+    @property
+    def logprobs(self) -> list[TokenLogprob] | None:
+        """Every token's logprobs, in order; None when the answer carries none."""
+        return tokens_logprobs(self._parts)
 
     @property
     def finished(self) -> bool:
         return self.end is not None
 
-    def unsent(self) -> str:
-        """The text added since the last call."""
-        new = "".join(self._parts[self._sent :])
+    def unsent_tokens(self) -> list[Token]:
+        """The token events added since the last call."""
+        new = self._parts[self._sent :]
         self._sent = len(self._parts)
         return new
+
+    def unsent(self) -> str:
+        """The text added since the last call."""
+        return "".join(part.text for part in self.unsent_tokens())
+
+
+def tokens_logprobs(tokens: list[Token]) -> list[TokenLogprob] | None:
+    if not any(token.logprobs is not None for token in tokens):
+        return None
+    return [entry for token in tokens for entry in token.logprobs or ()]

@@ -87,6 +87,10 @@ class PromptEncoder:
                 ids += self._template_tokenizer.encode(piece, add_special_tokens=False).ids
         return ids
 
+    def decode_token(self, token_id: int) -> str:
+        """One token's text, special tokens included (as vLLM's server shows them in logprobs)."""
+        return self._template_tokenizer.decode([token_id], skip_special_tokens=False)
+
 
 def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)

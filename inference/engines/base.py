@@ -10,6 +10,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from scheduler.generation import SamplingParams, TokenLogprob
+
 
 class EngineDeadError(RuntimeError):
     """The engine can no longer serve any request; the worker must stop and hand jobs back."""
@@ -24,10 +26,9 @@ class EngineRequestError(RuntimeError):
 class GenerationRequest:
     request_id: str
     messages: list[dict[str, str]]  # OpenAI-style [{"role": ..., "content": ...}]
-    max_tokens: int = 256
-    temperature: float = 0.7
-    top_p: float = 1.0
-    stop: list[str] = field(default_factory=list)
+    sampling: SamplingParams = field(
+        default_factory=lambda: SamplingParams(max_tokens=256, temperature=0.7, top_p=1.0)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,8 @@ class Delta:
     output_tokens: int  # cumulative output tokens so far
     prompt_tokens: int
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last delta
+    # One entry per token of `text` when the request asked for logprobs, else None.
+    logprobs: tuple[TokenLogprob, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,18 +10,30 @@ cold start in the autoscaling benchmark as slow as one is on real hardware.
 
 `failure_rate` makes that share of requests fail after a few tokens, as a faulty model build
 would (the canary's rollback is tested with it).
+
+Sampling parameters are honoured where a model is not needed: max and min tokens, ignore_eos
+(the answer's natural end is `output_tokens`), stop strings, and the seed (it picks where the
+filler starts, so a seed gives the same answer every time and two seeds two answers). What needs
+a model is simulated but well-formed: a structured output is the smallest JSON value valid
+against the schema (strings say "simulated"), and every token's logprob is 0 (the answer is
+certain) with the other candidates at vLLM's floor, -9999. Penalties, top_k, min_p, logit_bias
+and stop_token_ids need a vocabulary and change nothing here.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import random
+import re
 from collections import deque
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any
 
 from inference.engines.base import Delta, EngineRequestError, EngineStats, GenerationRequest
+from scheduler.generation import SamplingParams, TokenLogprob, TopLogprob
 
 KV_TOKENS_PER_SEQ = 2048
 FAILURE_AFTER_TOKENS = 3  # a failing request streams this many tokens first
@@ -33,12 +45,113 @@ _FILLER_TEXT = (
 _FILLER = _FILLER_TEXT.split()
 
 
+# vLLM's server floors log probabilities here; a candidate the simulation never picks has
+# probability 0.
+MIN_LOGPROB = -9999.0
+MAX_JSON_DEPTH = 32
+_JSON_PIECE = re.compile(r"\s*(?:\"(?:[^\"\\]|\\.)*\"|[^\s\"]{1,4})")
+
+
 def simulated_answer_tokens(request: GenerationRequest, count: int) -> list[str]:
-    """The deterministic answer: labelled, echoing the question, then filler words."""
+    """The deterministic answer of `count` tokens: labelled and echoing the question, then filler
+    words (starting where the seed says)."""
     question = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
     words = ["[simulated]", "You", "asked:", *question.split()[:8], "—"]
-    words += [_FILLER[i % len(_FILLER)] for i in range(max(0, count - len(words)))]
+    seed = request.sampling.seed
+    start = 0 if seed is None else seed % len(_FILLER)
+    words += [_FILLER[(start + i) % len(_FILLER)] for i in range(max(0, count - len(words)))]
     return [word + " " for word in words[:count]]
+
+
+def _structured_tokens(request: GenerationRequest) -> list[str] | None:
+    """The JSON answer's tokens when the output is structured, else None."""
+    structured = request.sampling.structured
+    if structured is None:
+        return None
+    schema = structured.json_schema
+    value = simulated_json(schema) if schema is not None else {"simulated": True}
+    return _JSON_PIECE.findall(json.dumps(value))
+
+
+def simulated_json(schema: dict[str, Any]) -> Any:
+    """The smallest value valid against a JSON schema (the parts of JSON Schema that tool
+    parameters and response formats use): required properties only, first choices, "simulated"
+    for strings."""
+    definitions = schema.get("$defs") if isinstance(schema.get("$defs"), dict) else {}
+
+    def value(node: Any, depth: int = 0) -> Any:
+        if not isinstance(node, dict) or depth > MAX_JSON_DEPTH:
+            return None  # a schema too odd or too deep to follow: still valid JSON
+        depth += 1
+        if isinstance(node.get("$ref"), str):
+            return value(definitions.get(node["$ref"].rsplit("/", 1)[-1], {}), depth)
+        if "const" in node:
+            return node["const"]
+        if node.get("enum"):
+            return node["enum"][0]
+        for key in ("anyOf", "oneOf", "allOf"):
+            if node.get(key) and isinstance(node[key], list) and isinstance(node[key][0], dict):
+                return value({**node, key: None, **node[key][0]}, depth)
+        kind = node.get("type")
+        if isinstance(kind, list):
+            kind = next((k for k in kind if k != "null"), "null")
+        if kind == "object" or (kind is None and "properties" in node):
+            properties = node.get("properties") if isinstance(node.get("properties"), dict) else {}
+            required = node.get("required") if isinstance(node.get("required"), list) else []
+            return {str(name): value(properties.get(name, {}), depth) for name in required}
+        if kind == "array":
+            items = node.get("items")
+            count = node.get("minItems") if isinstance(node.get("minItems"), int) else 0
+            return [value(items if isinstance(items, dict) else {}, depth) for _ in range(min(count, 16))]
+        if kind == "string":
+            length = node.get("minLength") if isinstance(node.get("minLength"), int) else 0
+            return "simulated".ljust(min(length, 1000), "!")
+        if kind in ("integer", "number"):
+            minimum = node.get("minimum")
+            return minimum if isinstance(minimum, int | float) and not isinstance(minimum, bool) else 0
+        if kind == "boolean":
+            return False
+        if kind == "null":
+            return None
+        return {}
+
+    return value(schema)
+
+
+def _answer_length(sampling: SamplingParams, natural_tokens: int) -> int:
+    """Tokens the answer runs to: its natural end (where a model would write EOS) unless
+    ignore_eos, at least min_tokens, at most max_tokens."""
+    length = sampling.max_tokens if sampling.ignore_eos else natural_tokens
+    return max(1, min(sampling.max_tokens, max(length, sampling.min_tokens)))
+
+
+def _stopped(tokens: list[str], stop: tuple[str, ...], min_tokens: int) -> tuple[list[str], bool]:
+    """The tokens up to the first stop string (which is not part of the answer, as in vLLM),
+    and whether one was found; stop strings count only from min_tokens on."""
+    text = ""
+    for n, token in enumerate(tokens):
+        text += token
+        if n + 1 < min_tokens:
+            continue
+        ends = [text.find(s, max(0, len(text) - len(token) - len(s) + 1)) for s in stop]
+        found = [end for end in ends if end >= 0]
+        if found:
+            kept = text[: min(found)]
+            before = "".join(tokens[:n])
+            return [*tokens[:n], kept[len(before) :]], True
+    return tokens, False
+
+
+def _logprobs(token: str, top: int) -> tuple[TokenLogprob, ...]:
+    """`top` candidates (-1: all the simulation knows), the sampled token first as in vLLM."""
+    encoded = list(token.encode())
+    others = [word + " " for word in dict.fromkeys(_FILLER) if word + " " != token]
+    candidates = [
+        TopLogprob(token=token, logprob=0.0, bytes=encoded),
+        *(TopLogprob(token=word, logprob=MIN_LOGPROB, bytes=list(word.encode())) for word in others),
+    ]
+    shown = candidates if top == -1 else candidates[:top]
+    return (TokenLogprob(token=token, logprob=0.0, bytes=encoded, top_logprobs=tuple(shown)),)
 
 
 def _process_memory_bytes() -> int:
@@ -58,6 +171,7 @@ class _Sequence:
     request: GenerationRequest
     tokens: list[str]
     prompt_tokens: int
+    stopped: bool  # ends at a stop string
     outbox: asyncio.Queue[Delta] = field(default_factory=asyncio.Queue)
     produced: int = 0
 
@@ -93,11 +207,21 @@ class SimulatedEngine:
         self._loop_task = asyncio.create_task(self._step_loop(), name="simulated-engine")
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Delta]:
-        count = max(1, min(request.max_tokens, self.output_tokens))
+        sampling = request.sampling
+        structured = _structured_tokens(request)
+        if structured is None:
+            answer = simulated_answer_tokens(request, _answer_length(sampling, self.output_tokens))
+        else:
+            # A JSON value ends where it closes; whitespace after it keeps it valid.
+            length = _answer_length(sampling, len(structured))
+            answer = (structured + [" "] * length)[:length]
+        tokens, stopped = _stopped(answer, sampling.stop, sampling.min_tokens)
+        count = len(tokens)
         sequence = _Sequence(
             request=request,
-            tokens=simulated_answer_tokens(request, count),
+            tokens=tokens,
             prompt_tokens=sum(len(m["content"].split()) + 4 for m in request.messages),
+            stopped=stopped,
         )
         fails_after = (
             min(FAILURE_AFTER_TOKENS, count - 1) if self._random.random() < self.failure_rate else None
@@ -166,10 +290,16 @@ class SimulatedEngine:
                 finished = sequence.produced == len(sequence.tokens)
                 finish_reason = None
                 if finished:
-                    finish_reason = (
-                        "length" if len(sequence.tokens) == sequence.request.max_tokens else "stop"
-                    )
+                    at_limit = len(sequence.tokens) == sequence.request.sampling.max_tokens
+                    finish_reason = "length" if at_limit and not sequence.stopped else "stop"
                     del self._running[request_id]
+                top = sequence.request.sampling.logprobs
                 sequence.outbox.put_nowait(
-                    Delta(token, sequence.produced, sequence.prompt_tokens, finish_reason)
+                    Delta(
+                        token,
+                        sequence.produced,
+                        sequence.prompt_tokens,
+                        finish_reason,
+                        logprobs=None if top is None else _logprobs(token, top),
+                    )
                 )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
 from functools import partial
@@ -15,9 +15,10 @@ import torch
 from vllm import SamplingParams, TokensPrompt
 from vllm.config import VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.exceptions import VLLMValidationError
+from vllm.exceptions import VLLMClientError
+from vllm.logprobs import Logprob, SampleLogprobs
 from vllm.platforms import current_platform
-from vllm.sampling_params import RequestOutputKind
+from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -25,7 +26,12 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 from inference.engines.guard import EngineGuard, orphaned_engines_end
+from scheduler.generation import SamplingParams as GenerationSampling
+from scheduler.generation import TokenLogprob, TopLogprob
 from scheduler.prompt import ChatTemplateError, PromptEncoder
+
+# vLLM's server floors log probabilities here so that -inf stays valid JSON.
+MIN_LOGPROB = -9999.0
 
 # vLLM also reports "repetition" (a loop detector stopped the request): to the user the
 # answer simply ended, so it counts as "stop".
@@ -136,19 +142,14 @@ class VllmEngine:
         except ChatTemplateError as exc:
             raise EngineRequestError(f"The chat template refused the messages: {exc}") from exc
         # The renderer checks the prompt against max_model_len and turns it into the engine's
-        # input type (vLLM deprecates handing it raw prompts). A prompt it rejects fails this
-        # request only: retrying it elsewhere would fail the same way.
+        # input type (vLLM deprecates handing it raw prompts). A prompt or parameters it rejects
+        # (a token id beyond the vocabulary, a schema xgrammar cannot compile) fail this request
+        # only: retrying it elsewhere would fail the same way.
         try:
             (engine_input,) = engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt_token_ids)])
-        except VLLMValidationError as exc:
+            sampling_params = vllm_sampling_params(request.sampling)
+        except VLLMClientError as exc:
             raise EngineRequestError(f"vLLM rejected the request: {exc}") from exc
-        sampling_params = SamplingParams(
-            max_tokens=request.max_tokens,
-            temperature=request.temperature,
-            top_p=request.top_p,
-            stop=list(request.stop) or None,
-            output_kind=RequestOutputKind.DELTA,
-        )
         prompt_tokens = len(prompt_token_ids)
         output_tokens = 0
         try:
@@ -165,9 +166,16 @@ class VllmEngine:
                         output_tokens=output_tokens,
                         prompt_tokens=prompt_tokens,
                         finish_reason=_finish_reason(completion.finish_reason) if output.finished else None,
+                        logprobs=None
+                        if request.sampling.logprobs is None
+                        else self._token_logprobs(
+                            completion.token_ids, completion.logprobs, request.sampling.logprobs
+                        ),
                     )
         except VllmEngineDeadError as exc:
             raise EngineDeadError(str(exc)) from exc
+        except VLLMClientError as exc:  # checked when the engine takes the request
+            raise EngineRequestError(f"vLLM rejected the request: {exc}") from exc
 
     async def abort(self, request_id: str) -> None:
         try:
@@ -195,6 +203,40 @@ class VllmEngine:
             self._engine_processes = []
         self._guard.stand_down()
 
+    def _token_logprobs(
+        self, token_ids: Sequence[int], logprobs: SampleLogprobs | None, top: int
+    ) -> tuple[TokenLogprob, ...]:
+        """vLLM's per-position logprobs in OpenAI's shape, as vLLM's own server writes them: the
+        sampled token first, then the `top` most likely (-1: all that were returned)."""
+        entries = []
+        for position, token_id in enumerate(token_ids):
+            candidates = (logprobs[position] if logprobs is not None else None) or {}
+            sampled = candidates.get(token_id)
+            token = self._decoded(token_id, sampled)
+            entries.append(
+                TokenLogprob(
+                    token=token,
+                    logprob=max(sampled.logprob, MIN_LOGPROB) if sampled is not None else MIN_LOGPROB,
+                    bytes=list(token.encode("utf-8", errors="replace")),
+                    top_logprobs=tuple(
+                        TopLogprob(
+                            token=(text := self._decoded(candidate_id, candidate)),
+                            logprob=max(candidate.logprob, MIN_LOGPROB),
+                            bytes=list(text.encode("utf-8", errors="replace")),
+                        )
+                        for rank, (candidate_id, candidate) in enumerate(candidates.items())
+                        if top == -1 or rank < top
+                    ),
+                )
+            )
+        return tuple(entries)
+
+    def _decoded(self, token_id: int, logprob: Logprob | None) -> str:
+        if logprob is not None and logprob.decoded_token is not None:
+            return logprob.decoded_token
+        assert self._prompt_encoder is not None
+        return self._prompt_encoder.decode_token(token_id)
+
     def _require_engine(self) -> AsyncLLM:
         if self._engine is None:
             raise RuntimeError(f"{self.label} is not started; await start() first")
@@ -213,6 +255,36 @@ class VllmEngine:
             except psutil.NoSuchProcess:
                 continue
         return used, psutil.virtual_memory().total
+
+
+def vllm_sampling_params(sampling: GenerationSampling) -> SamplingParams:
+    """Our typed parameters onto vLLM's, one for one (the meanings are vLLM's to begin with)."""
+    structured = None
+    if sampling.structured is not None:
+        structured = (
+            StructuredOutputsParams(json=sampling.structured.json_schema)
+            if sampling.structured.json_schema is not None
+            else StructuredOutputsParams(json_object=True)
+        )
+    return SamplingParams(
+        max_tokens=sampling.max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        stop=list(sampling.stop) or None,
+        seed=sampling.seed,
+        presence_penalty=sampling.presence_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        repetition_penalty=sampling.repetition_penalty,
+        top_k=sampling.top_k,
+        min_p=sampling.min_p,
+        min_tokens=sampling.min_tokens,
+        ignore_eos=sampling.ignore_eos,
+        stop_token_ids=list(sampling.stop_token_ids) or None,
+        logprobs=sampling.logprobs,
+        logit_bias=sampling.logit_bias,
+        structured_outputs=structured,
+        output_kind=RequestOutputKind.DELTA,
+    )
 
 
 def _finish_reason(vllm_reason: str | None) -> str:

@@ -179,19 +179,57 @@ def test_text_content_parts_and_the_developer_role_are_accepted(key):
     ]
 
 
+def test_vllm_s_sampling_parameters_reach_the_queued_job(key):
+    body = HELLO | {
+        "stream": True,
+        "seed": 7,
+        "presence_penalty": 0.5,
+        "top_k": 5,
+        "min_tokens": 2,
+        "ignore_eos": True,
+        "logprobs": True,
+        "top_logprobs": 2,
+        "response_format": {"type": "json_object"},
+    }
+    assert _post(Client(), key, body).status_code == 200
+    [job] = worker_double.queued("normal")
+    assert (job["seed"], job["presence_penalty"], job["top_k"], job["min_tokens"], job["ignore_eos"]) == (
+        7,
+        0.5,
+        5,
+        2,
+        True,
+    )
+    assert (job["logprobs"], job["structured"]) == (2, {"json_object": True, "json_schema": None})
+
+
+def test_n_choices_queue_one_generation_each(key):
+    assert _post(Client(), key, HELLO | {"stream": True, "n": 3, "seed": 1}).status_code == 200
+    jobs = worker_double.queued("normal")
+    assert [job["seed"] for job in jobs] == [1, 2, 3]
+    assert len({job["request_id"] for job in jobs}) == 3
+
+
+def test_n_choices_beyond_the_key_s_concurrency_are_refused_whole(key):
+    TierPolicy.objects.filter(tier="normal").update(max_concurrent_per_user=2)
+    policies_mirror()
+    response = _post(Client(), key, HELLO | {"n": 3})
+    assert response.status_code == 429
+    # The choices admitted before the refusal are cancelled, not left to run for nobody.
+    jobs = worker_double.queued("normal")
+    assert len(jobs) == 2
+    assert all(sync_redis().exists(keys.cancel(job["request_id"])) for job in jobs)
+
+
 @pytest.mark.parametrize(
     ("extra", "param"),
     [
-        ({"n": 2}, "n"),
-        ({"tools": [{"type": "function", "function": {"name": "lookup"}}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
-        ({"logprobs": True}, "logprobs"),
-        ({"presence_penalty": 0.5}, "presence_penalty"),
-        ({"seed": 7}, "seed"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"tools": [{"type": "function", "function": {"name": "lookup"}}]}, "tool_choice"),
+        ({"presence_penalty": 5}, "presence_penalty"),
+        ({"n": 2, "temperature": 0}, "n"),
     ],
 )
-def test_unsupported_parameters_get_400_naming_the_parameter(key, extra, param):
+def test_parameters_vllm_refuses_get_400_naming_the_parameter(key, extra, param):
     response = _post(Client(), key, HELLO | extra)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == param
@@ -207,17 +245,17 @@ def test_unsupported_parameters_get_400_naming_the_parameter(key, extra, param):
         ({"messages": HELLO["messages"]}, "model"),
         ({"model": "stable"}, "messages"),
         ({"model": "stable", "messages": []}, "messages"),
-        (HELLO | {"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+        (HELLO | {"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
         (
             HELLO | {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
-            "messages[0].content[0]",
+            "messages[0].content",
         ),
         (HELLO | {"max_tokens": 0}, "max_tokens"),
         (HELLO | {"max_completion_tokens": 10**9}, "max_completion_tokens"),
         (HELLO | {"temperature": 3}, "temperature"),
         (HELLO | {"top_p": 0}, "top_p"),
         (HELLO | {"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-        (HELLO | {"stream": "yes"}, "stream"),
+        (HELLO | {"stream": "maybe"}, "stream"),
         (HELLO | {"stream_options": {"include_usage": True}}, "stream_options"),
     ],
 )
@@ -419,3 +457,103 @@ def test_a_stream_whose_answer_fails_ends_with_an_error_chunk_and_done(key):
         "error": {"message": "Too slow.", "type": "server_error", "param": None, "code": "timeout"}
     }
     assert chunks[-1] == "[DONE]"
+
+
+# --- choices, logprobs and tool calls ----------------------------------------------------------
+
+
+def _with_answers(key: str, body: dict, *answers: list[tuple[str, dict]]) -> tuple[Any, str]:
+    """POST a completion of len(answers) choices while the worker double answers each."""
+
+    async def scenario():
+        client = AsyncClient()
+        call = asyncio.create_task(
+            client.post(
+                "/v1/chat/completions", json.dumps(body), content_type="application/json", headers=_auth(key)
+            )
+        )
+        jobs = await asyncio.to_thread(worker_double.wait_queued, "normal", len(answers))
+        for job, events in zip(jobs, answers, strict=True):
+            await asyncio.to_thread(worker_double.publish, job["request_id"], *events)
+        response = await call
+        streamed = (
+            b"".join([chunk async for chunk in response.streaming_content]) if response.streaming else b""
+        )
+        return response, streamed.decode()
+
+    return async_to_sync(scenario)()
+
+
+def _logprob_token(seq: int, text: str, logprob: float) -> tuple[str, dict]:
+    entry = {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
+    return ("token", {"seq": seq, "text": text, "logprobs": [entry]})
+
+
+def test_n_choices_come_back_whole_with_usage_counting_the_prompt_once(key):
+    response, _ = _with_answers(
+        key,
+        HELLO | {"n": 2, "temperature": 1},
+        [*worker_double.tokens("First."), worker_double.done("stop", prompt_tokens=9, completion_tokens=2)],
+        [
+            *worker_double.tokens("Second", " one."),
+            worker_double.done("length", prompt_tokens=9, completion_tokens=4),
+        ],
+    )
+    body = response.json()
+    assert [(c["index"], c["message"]["content"], c["finish_reason"]) for c in body["choices"]] == [
+        (0, "First.", "stop"),
+        (1, "Second one.", "length"),
+    ]
+    assert body["usage"] == {"prompt_tokens": 9, "completion_tokens": 6, "total_tokens": 15}
+
+
+def test_one_failed_choice_fails_the_call_and_cancels_the_others(key):
+    response, _ = _with_answers(
+        key,
+        HELLO | {"n": 2, "temperature": 1},
+        [("error", {"code": "engine_error", "message": "Broke."})],
+        [*worker_double.tokens("Still writing")],
+    )
+    assert (response.status_code, response.json()["error"]["code"]) == (500, "engine_error")
+    assert all(sync_redis().exists(keys.cancel(job["request_id"])) for job in worker_double.queued("normal"))
+
+
+def test_streamed_choices_carry_their_index_and_logprobs(key):
+    _, streamed = _with_answers(
+        key,
+        HELLO | {"n": 2, "temperature": 1, "stream": True, "logprobs": True},
+        [_logprob_token(0, "A", -0.5), worker_double.done()],
+        [_logprob_token(0, "B", -1.5), worker_double.done()],
+    )
+    chunks = _sse_data(streamed)[:-1]
+    content = [c["choices"][0] for c in chunks if c["choices"][0]["delta"].get("content")]
+    assert sorted(
+        (c["index"], c["delta"]["content"], c["logprobs"]["content"][0]["logprob"]) for c in content
+    ) == [
+        (0, "A", -0.5),
+        (1, "B", -1.5),
+    ]
+    closing = [c["choices"][0] for c in chunks if c["choices"][0]["finish_reason"]]
+    assert sorted(c["index"] for c in closing) == [0, 1]
+
+
+def test_a_streamed_named_tool_call_sends_its_arguments_as_tool_call_deltas(key):
+    tool = {"type": "function", "function": {"name": "order_status", "parameters": {"type": "object"}}}
+    body = HELLO | {
+        "stream": True,
+        "tools": [tool],
+        "tool_choice": {"type": "function", "function": {"name": "order_status"}},
+    }
+    _, streamed = _with_answers(
+        key, body, [*worker_double.tokens('{"order', '_id": 1}'), worker_double.done()]
+    )
+    chunks = _sse_data(streamed)[:-1]
+    calls = [
+        c["choices"][0]["delta"]["tool_calls"][0] for c in chunks if "tool_calls" in c["choices"][0]["delta"]
+    ]
+    assert calls[0]["id"].startswith("chatcmpl-tool-")
+    assert (calls[0]["type"], calls[0]["function"]["name"]) == ("function", "order_status")
+    # However the tokens were batched, only the first delta names the call.
+    assert all("id" not in call and call["index"] == 0 for call in calls[1:])
+    assert "".join(call["function"]["arguments"] for call in calls) == '{"order_id": 1}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"

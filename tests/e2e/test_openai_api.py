@@ -7,6 +7,7 @@ import logging
 import time
 import uuid
 
+import jsonschema
 import openai
 import pytest
 import redis
@@ -131,3 +132,114 @@ def test_a_client_that_drops_a_stream_cancels_its_generation(stack, vip_key):
     assert done is not None, "the generation did not end"
     assert done["finish_reason"] == "cancelled"
     assert done["usage"]["completion_tokens"] < 400
+
+
+# --- vLLM's parameters, answered by the simulated engine --------------------------------------
+
+ORDER_STATUS = {
+    "type": "function",
+    "function": {
+        "name": "order_status",
+        "description": "Look an order up.",
+        "parameters": {
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}, "express": {"type": "boolean"}},
+            "required": ["order_id", "express"],
+        },
+    },
+}
+
+
+def test_a_seed_gives_the_same_answer_and_n_gives_that_many_choices(stack, vip_key):
+    client = _client(stack, vip_key)
+
+    def ask(**options):
+        return client.chat.completions.create(model="stable", messages=QUESTION, max_tokens=20, **options)
+
+    assert ask(seed=5).choices[0].message.content == ask(seed=5).choices[0].message.content
+    completion = ask(seed=5, n=3, temperature=1.0)
+    contents = [choice.message.content for choice in completion.choices]
+    assert [choice.index for choice in completion.choices] == [0, 1, 2]
+    assert len(set(contents)) == 3, "three seeds, three answers"
+    assert completion.usage.completion_tokens == 60
+
+
+def test_min_tokens_ignore_eos_and_stop_shape_the_answer_s_length(stack, vip_key):
+    client = _client(stack, vip_key)
+    longer = client.chat.completions.create(
+        model="stable", messages=QUESTION, max_tokens=420, extra_body={"ignore_eos": True}
+    )
+    # The simulated answer ends by itself at 400 tokens; ignore_eos runs on to max_tokens.
+    assert (longer.usage.completion_tokens, longer.choices[0].finish_reason) == (420, "length")
+    stopped = client.chat.completions.create(
+        model="stable", messages=QUESTION, max_tokens=30, stop=["parcel"]
+    )
+    assert stopped.choices[0].message.content == "[simulated] You asked: Where is my "
+    assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_a_json_schema_response_is_json_valid_against_the_schema(stack, vip_key):
+    schema = ORDER_STATUS["function"]["parameters"]
+    completion = _client(stack, vip_key).chat.completions.create(
+        model="stable",
+        messages=QUESTION,
+        response_format={"type": "json_schema", "json_schema": {"name": "status", "schema": schema}},
+    )
+    answer = json.loads(completion.choices[0].message.content)
+    jsonschema.validate(answer, schema)
+
+
+def test_a_named_tool_choice_returns_a_tool_call_with_json_arguments(stack, vip_key):
+    completion = _client(stack, vip_key).chat.completions.create(
+        model="stable",
+        messages=QUESTION,
+        tools=[ORDER_STATUS],
+        tool_choice={"type": "function", "function": {"name": "order_status"}},
+    )
+    [call] = completion.choices[0].message.tool_calls
+    assert call.function.name == "order_status"
+    jsonschema.validate(json.loads(call.function.arguments), ORDER_STATUS["function"]["parameters"])
+
+
+def test_a_required_tool_choice_streams_its_calls_and_finishes_with_tool_calls(stack, vip_key):
+    stream = _client(stack, vip_key).chat.completions.create(
+        model="stable", messages=QUESTION, tools=[ORDER_STATUS], tool_choice="required", stream=True
+    )
+    chunks = list(stream)
+    calls = [
+        call
+        for c in chunks
+        if c.choices and c.choices[0].delta.tool_calls
+        for call in c.choices[0].delta.tool_calls
+    ]
+    assert [call.function.name for call in calls] == ["order_status"]
+    assert json.loads(calls[0].function.arguments)["order_id"]
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_auto_tool_choice_is_refused_naming_the_parameter(stack, vip_key):
+    with pytest.raises(openai.BadRequestError) as refused:
+        _client(stack, vip_key).chat.completions.create(
+            model="stable", messages=QUESTION, tools=[ORDER_STATUS]
+        )
+    assert refused.value.body["param"] == "tool_choice"
+
+
+def test_logprobs_come_whole_and_streamed_in_openai_shape(stack, vip_key):
+    client = _client(stack, vip_key)
+    whole = client.chat.completions.create(
+        model="stable", messages=QUESTION, max_tokens=6, logprobs=True, top_logprobs=2
+    )
+    content = whole.choices[0].logprobs.content
+    assert "".join(entry.token for entry in content) == whole.choices[0].message.content
+    assert all(entry.logprob <= 0 and len(entry.top_logprobs) == 2 for entry in content)
+    stream = client.chat.completions.create(
+        model="stable", messages=QUESTION, max_tokens=6, logprobs=True, stream=True
+    )
+    streamed = [
+        entry
+        for c in stream
+        if c.choices and c.choices[0].logprobs
+        for entry in c.choices[0].logprobs.content
+    ]
+    assert [entry.token for entry in streamed] == [entry.token for entry in content]

@@ -5,6 +5,8 @@ import json
 import signal
 import time
 
+import jsonschema
+import openai
 import psutil
 import pytest
 import redis
@@ -72,6 +74,62 @@ def test_eight_concurrent_questions_stream_real_answers_and_a_cancelled_one_is_a
     [(status, content)] = stack.count_assistant_messages(request_ids[0])
     assert status == "cancelled"
     assert content == first.text + cancelled.text
+
+
+def _openai(stack) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=stack.base_url + "/v1", api_key=stack.create_api_key("victor"), max_retries=0
+    )
+
+
+ORDER_STATUS = {
+    "type": "function",
+    "function": {
+        "name": "order_status",
+        "parameters": {
+            "type": "object",
+            "properties": {"order_id": {"type": "string", "maxLength": 16}},
+            "required": ["order_id"],
+            "additionalProperties": False,
+        },
+    },
+}
+
+
+def test_vllm_s_parameters_through_the_api_seed_logprobs_json_schema_and_a_named_tool(stack):
+    client = _openai(stack)
+    question = [{"role": "user", "content": "My order A-17 has not arrived. Where is it?"}]
+
+    def sampled(**options):
+        return client.chat.completions.create(
+            model="stable", messages=question, max_tokens=16, temperature=1.0, **options
+        )
+
+    seeded = sampled(seed=1234, logprobs=True, top_logprobs=2)
+    assert seeded.choices[0].message.content == sampled(seed=1234).choices[0].message.content
+    entries = seeded.choices[0].logprobs.content
+    assert len(entries) == seeded.usage.completion_tokens
+    assert all(entry.logprob <= 0 and len(entry.top_logprobs) == 2 for entry in entries)
+
+    schema = ORDER_STATUS["function"]["parameters"]
+    shaped = client.chat.completions.create(
+        model="stable",
+        messages=question,
+        max_tokens=48,
+        response_format={"type": "json_schema", "json_schema": {"name": "status", "schema": schema}},
+    )
+    jsonschema.validate(json.loads(shaped.choices[0].message.content), schema)
+
+    called = client.chat.completions.create(
+        model="stable",
+        messages=question,
+        max_tokens=48,
+        tools=[ORDER_STATUS],
+        tool_choice={"type": "function", "function": {"name": "order_status"}},
+    )
+    [call] = called.choices[0].message.tool_calls
+    assert call.function.name == "order_status"
+    jsonschema.validate(json.loads(call.function.arguments), schema)
 
 
 def test_a_dead_engine_stops_the_worker_with_an_error_and_hands_its_jobs_back(stack):

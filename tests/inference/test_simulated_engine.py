@@ -1,11 +1,15 @@
-"""The simulated engine's failure option: a failing request streams a few tokens, then raises."""
+"""The simulated engine: its failure option, and the sampling parameters it honours or simulates."""
 
 import asyncio
+import json
+from typing import Any
 
+import jsonschema
 import pytest
 
-from inference.engines.base import EngineRequestError, GenerationRequest
+from inference.engines.base import Delta, EngineRequestError, GenerationRequest
 from inference.engines.simulated import FAILURE_AFTER_TOKENS, SimulatedEngine
+from scheduler.generation import SamplingParams, StructuredOutput
 
 
 def _generate(failure_rate: float, requests: int = 1) -> list[tuple[int, bool]]:
@@ -51,3 +55,76 @@ def test_without_a_failure_rate_every_request_completes():
 def test_the_failure_rate_is_the_share_of_requests_that_fail():
     failed = sum(f for _, f in _generate(0.3, requests=400))
     assert failed == pytest.approx(120, abs=40)
+
+
+def _answer(**sampling: Any) -> list[Delta]:
+    """The deltas of one request with these sampling parameters (natural length: 10 tokens)."""
+
+    async def run() -> list[Delta]:
+        engine = SimulatedEngine(
+            max_num_seqs=1, prefill_s_per_token=0, decode_base_s=0, decode_per_seq_s=0, output_tokens=10
+        )
+        await engine.start()
+        request = GenerationRequest(
+            request_id="r",
+            messages=[{"role": "user", "content": "Where is my parcel?"}],
+            sampling=SamplingParams(**{"max_tokens": 40, "temperature": 1.0, "top_p": 1.0, **sampling}),
+        )
+        try:
+            return [delta async for delta in engine.generate(request)]
+        finally:
+            await engine.shutdown()
+
+    return asyncio.run(run())
+
+
+def _text(deltas: list[Delta]) -> str:
+    return "".join(delta.text for delta in deltas)
+
+
+def test_a_seed_picks_the_answer():
+    assert _text(_answer(seed=3, max_tokens=20)) == _text(_answer(seed=3, max_tokens=20))
+    assert _text(_answer(seed=3, max_tokens=20)) != _text(_answer(seed=4, max_tokens=20))
+
+
+@pytest.mark.parametrize(
+    ("sampling", "tokens", "finish_reason"),
+    [
+        ({}, 10, "stop"),  # its natural end
+        ({"max_tokens": 6}, 6, "length"),
+        ({"min_tokens": 15}, 15, "stop"),
+        ({"ignore_eos": True}, 40, "length"),
+    ],
+)
+def test_length_follows_max_and_min_tokens_and_ignore_eos(sampling, tokens, finish_reason):
+    deltas = _answer(**sampling)
+    assert (deltas[-1].output_tokens, deltas[-1].finish_reason) == (tokens, finish_reason)
+
+
+def test_a_stop_string_ends_the_answer_before_it():
+    deltas = _answer(stop=("parcel",))
+    assert (_text(deltas), deltas[-1].finish_reason) == ("[simulated] You asked: Where is my ", "stop")
+
+
+def test_structured_output_is_json_valid_against_the_schema():
+    schema = {
+        "type": "object",
+        "properties": {
+            "ids": {"type": "array", "items": {"type": "integer"}, "minItems": 2},
+            "why": {"$ref": "#/$defs/why"},
+        },
+        "required": ["ids", "why"],
+        "$defs": {"why": {"anyOf": [{"type": "string", "minLength": 12}, {"type": "null"}]}},
+    }
+    answer = json.loads(_text(_answer(structured=StructuredOutput(json_schema=schema))))
+    jsonschema.validate(answer, schema)
+    assert json.loads(_text(_answer(structured=StructuredOutput(json_object=True)))) == {"simulated": True}
+
+
+def test_logprobs_are_certain_with_the_top_candidates_after_the_sampled_token():
+    deltas = _answer(max_tokens=3, logprobs=2)
+    entries = [entry for delta in deltas for entry in delta.logprobs]
+    assert [entry.token for entry in entries] == [delta.text for delta in deltas]
+    assert all(entry.logprob == 0.0 for entry in entries)
+    assert all([top.logprob for top in entry.top_logprobs] == [0.0, -9999.0] for entry in entries)
+    assert _answer(max_tokens=3)[0].logprobs is None

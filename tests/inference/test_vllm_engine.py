@@ -7,6 +7,7 @@ to the event loop it was started on, so every test runs its coroutine on that sa
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 from collections.abc import Callable, Coroutine, Iterator
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import jsonschema
 import psutil
 import pytest
 from django.conf import settings
@@ -21,6 +23,7 @@ from django.conf import settings
 from inference.engines.base import Delta, EngineDeadError, GenerationRequest
 from inference.engines.vllm import VllmEngine
 from inference.model_prep import default_model_dir, prepare_model
+from scheduler.generation import SamplingParams, StructuredOutput
 
 pytestmark = pytest.mark.vllm
 
@@ -71,8 +74,7 @@ def _request(request_id: str, question: str, max_tokens: int) -> GenerationReque
     return GenerationRequest(
         request_id=request_id,
         messages=[{"role": "user", "content": question}],
-        max_tokens=max_tokens,
-        temperature=0.0,
+        sampling=SamplingParams(max_tokens=max_tokens, temperature=0.0, top_p=1.0),
     )
 
 
@@ -164,6 +166,65 @@ def test_abort_mid_stream_frees_its_slot_and_others_finish(vllm_engine: EngineOn
         assert "".join(d.text for d in deltas).strip()
         assert deltas[-1].finish_reason in {"stop", "length"}
     assert engine.stats().running == 0
+
+
+def _sampled(request_id: str, question: str, sampling: SamplingParams) -> GenerationRequest:
+    return GenerationRequest(
+        request_id=request_id, messages=[{"role": "user", "content": question}], sampling=sampling
+    )
+
+
+def _text(deltas: list[Delta]) -> str:
+    return "".join(delta.text for delta in deltas)
+
+
+def test_a_seed_makes_sampling_reproducible(vllm_engine: EngineOnLoop) -> None:
+    def sampling(seed: int) -> SamplingParams:
+        return SamplingParams(max_tokens=24, temperature=1.0, top_p=1.0, seed=seed)
+
+    async def scenario() -> list[str]:
+        engine = vllm_engine.engine
+        runs = [("a", 1234), ("b", 1234), ("c", 99)]
+        answers = await asyncio.gather(
+            *(
+                _collect(engine, _sampled(f"seeded-{name}", QUESTIONS[0], sampling(seed)))
+                for name, seed in runs
+            )
+        )
+        return [_text(deltas) for deltas in answers]
+
+    same, again, other = vllm_engine.run(scenario())
+    assert same == again
+    assert same != other
+
+
+def test_logprobs_come_with_every_token_and_are_at_most_zero(vllm_engine: EngineOnLoop) -> None:
+    sampling = SamplingParams(max_tokens=8, temperature=0.0, top_p=1.0, logprobs=3)
+    deltas = vllm_engine.run(_collect(vllm_engine.engine, _sampled("logprobs", QUESTIONS[1], sampling)))
+    entries = [entry for delta in deltas for entry in delta.logprobs or ()]
+    assert len(entries) == deltas[-1].output_tokens == 8
+    assert "".join(entry.token for entry in entries) == _text(deltas)
+    for entry in entries:
+        assert entry.logprob <= 0
+        assert len(entry.top_logprobs) == 3
+        # Greedy: the sampled token is the most likely one.
+        assert entry.logprob == max(top.logprob for top in entry.top_logprobs)
+
+
+def test_a_json_schema_constrains_the_answer(vllm_engine: EngineOnLoop) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"order_id": {"type": "string", "maxLength": 12}, "urgent": {"type": "boolean"}},
+        "required": ["order_id", "urgent"],
+        "additionalProperties": False,
+    }
+    sampling = SamplingParams(
+        max_tokens=64, temperature=0.0, top_p=1.0, structured=StructuredOutput(json_schema=schema)
+    )
+    question = "My order A-17 has not arrived. Answer in JSON."
+    deltas = vllm_engine.run(_collect(vllm_engine.engine, _sampled("json-schema", question, sampling)))
+    answer = json.loads(_text(deltas))
+    jsonschema.validate(answer, schema)
 
 
 def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -> None:

@@ -17,9 +17,12 @@ from scheduler.generation import (
     Reset,
     SamplingParams,
     Start,
+    StructuredOutput,
     Tier,
     Timings,
     Token,
+    TokenLogprob,
+    TopLogprob,
     Usage,
     event_decode,
     event_encode,
@@ -44,12 +47,43 @@ def test_a_job_decodes_to_what_was_encoded():
     assert GenerationJob.decode(job.encode()) == job
 
 
+def test_sampling_stored_before_a_parameter_existed_decodes_to_its_default():
+    stored = {"max_tokens": 12, "temperature": 0.2, "top_p": 0.5, "stop": []}  # an older batch item
+    assert SamplingParams.from_dict(stored) == SamplingParams(max_tokens=12, temperature=0.2, top_p=0.5)
+
+
+def test_a_job_with_every_sampling_parameter_decodes_to_what_was_encoded():
+    sampling = SamplingParams(
+        max_tokens=12,
+        temperature=0.9,
+        top_p=0.5,
+        seed=-3,
+        repetition_penalty=1.1,
+        stop_token_ids=(2,),
+        logprobs=5,
+        logit_bias={50: -100.0},
+        structured=StructuredOutput(json_schema={"type": "object"}),
+    )
+    job = generation_job()
+    job = GenerationJob(**{**{f: getattr(job, f) for f in job.__dataclass_fields__}, "sampling": sampling})
+    assert GenerationJob.decode(job.encode()) == job
+
+
 @pytest.mark.parametrize(
     "body",
     [
         Queued(seq=3, tier=Tier.BATCH),
         Start(worker="w-1", variant="stable", attempt=2),
         Token(seq=0, text="Hello "),
+        Token(
+            seq=1,
+            text="there",
+            logprobs=(
+                TokenLogprob(
+                    "there", -0.5, [116], (TopLogprob("there", -0.5, [116]), TopLogprob("you", -9999.0, None))
+                ),
+            ),
+        ),
         Reset(reason="worker_restarted", attempt=2),
         Done(finish_reason="length", usage=Usage(5, 7), timings=Timings(1.0, 2.0, 30.0, "simulated")),
         Done(finish_reason="cancelled"),
