@@ -201,7 +201,11 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # batch-jobs`): however many jobs there are, the periodic tasks on the default queue (canary
 # rollback, reclaim, retention) never wait behind them.
 BATCH_JOBS_CELERY_QUEUE = "batch-jobs"
-CELERY_TASK_ROUTES = {"api.tasks.job_run": {"queue": BATCH_JOBS_CELERY_QUEUE}}
+CELERY_TASK_ROUTES = {
+    "api.tasks.job_run": {"queue": BATCH_JOBS_CELERY_QUEUE},
+    # Minutes of questions: kept off the default queue like a job's slices.
+    "admin_console.tasks.quality_run": {"queue": BATCH_JOBS_CELERY_QUEUE},
+}
 # Every Celery host may run beat: each periodic task is still sent once per period.
 CELERY_BEAT_SCHEDULER = "config.beat:OncePerPeriodScheduler"
 
@@ -349,6 +353,9 @@ WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
 # --- console ----------------------------------------------------------------------------------
 # How often Celery beat evaluates a running canary's rollback rules and step plan.
 CANARY_EVALUATION_S = env_float("CANARY_EVALUATION_S", 30.0)
+# The longest a variant's quality score (python -m bench quality's questions, asked through the
+# batch queue) may take before it counts as failed; a running one blocks another until then.
+QUALITY_RUN_TIMEOUT_S = env_float("QUALITY_RUN_TIMEOUT_S", 1800.0)
 # How often the live dashboard's snapshot is computed (once for every open tab) and pushed.
 CONSOLE_LIVE_PERIOD_S = env_float("CONSOLE_LIVE_PERIOD_S", 1.0)
 
