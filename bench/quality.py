@@ -32,7 +32,7 @@ SYSTEM_PROMPTS = {
         "briefly and exactly."
     ),
 }
-TEMPERATURES = (0.0, 0.7)
+TEMPERATURES = (0.0, 0.3, 0.7)
 BASELINE_PROMPT = "shop-assistant"
 BASELINE_TEMPERATURE = 0.7
 

@@ -76,7 +76,9 @@ class QualityQuestion:
     question: str
     language: str = "en"
     source: str = ""  # the article slug the answer comes from; "" when unanswerable
-    facts: tuple[str, ...] = ()  # case-insensitive regular expressions a right answer matches
+    # Case-insensitive regular expressions a right answer matches, each as whole words ("no"
+    # is not found in "know").
+    facts: tuple[str, ...] = ()
     unanswerable: bool = False
 
 
@@ -148,7 +150,9 @@ class QuestionResult:
 
 
 def question_grade(question: QualityQuestion, *, answer: str, sources: Sequence[str]) -> QuestionResult:
-    found = sum(bool(re.search(fact, answer, re.IGNORECASE)) for fact in question.facts)
+    found = sum(
+        bool(re.search(rf"(?<!\w)(?:{fact})(?!\w)", answer, re.IGNORECASE)) for fact in question.facts
+    )
     return QuestionResult(
         id=question.id,
         answer=answer,
