@@ -3,9 +3,10 @@ asked with the prompt the chat builds and the variant's settings, and graded on 
 would notice: the facts of the help center, the article quoted, "I don't know" where the help
 center has no answer, and an answer in the customer's language.
 
-Three steps, so that the database is read outside the event loop that waits for answers:
-`quality_prompts` (sync: retrieval), `answers_collect` (async: an `Answerer`, the engine in
-this process or the workers through the queue), `quality_score` (pure).
+Two steps, so that the database is read outside the event loop that waits for answers:
+`quality_prompts` (sync: retrieval, as a chat post does it), then `answers_collect` (async: asks
+an `Answerer`, the engine in this process or a variant's workers through the queue, and grades
+each answer with `question_grade`, summed up by `quality_score`).
 """
 
 from __future__ import annotations

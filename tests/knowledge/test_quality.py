@@ -8,6 +8,7 @@ import pytest
 from inference.engines.base import Delta, GenerationRequest
 from knowledge.prompts import HELP_CENTER_PROMPT
 from knowledge.quality import (
+    AnswerFailed,
     QualityQuestion,
     VariantSettings,
     answer_language,
@@ -143,3 +144,13 @@ def test_without_the_help_center_no_article_is_quoted_and_the_prompt_is_the_vari
 )
 def test_the_answers_language_is_told_from_its_common_words(text, language):
     assert answer_language(text) == language
+
+
+def test_a_question_left_unanswered_counts_as_failed_and_as_a_wrong_answer(help_center):
+    async def failing(messages, sampling):
+        raise AnswerFailed("engine_error: the engine died")
+
+    variant = _variant()
+    prompts = quality_prompts(variant=variant, questions=[RETURNS, CAPITAL])
+    score = asyncio.run(answers_collect(prompts, variant=variant, answerer=failing))
+    assert (score.failed, score.questions, score.facts, score.dont_know) == (2, 2, 0, 0)
