@@ -215,9 +215,11 @@ CHAT_HISTORY_MESSAGES = env_int("CHAT_HISTORY_MESSAGES", 12)
 # About 500 tokens of earlier messages: with a full-length new message and the answer, the
 # prompt still fits SmolLM2's 2,048-token context.
 CHAT_HISTORY_MAX_CHARS = env_int("CHAT_HISTORY_MAX_CHARS", 2000)
+# The system prompt and temperature that scored best on the quality questions
+# (`python -m bench quality`, docs/BENCHMARKS.md section 10).
 CHAT_SYSTEM_PROMPT = env_str(
     "CHAT_SYSTEM_PROMPT",
-    "You are the customer-service assistant of an online shop. Answer in a few sentences.",
+    "You are a customer-service assistant. Reply in the same language as the customer, briefly and exactly.",
 )
 
 # --- knowledge (the help center the answers come from) ----------------------------------
@@ -235,7 +237,7 @@ GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
 
 # --- generation and streaming -------------------------------------------------------------
 GENERATION_MAX_TOKENS = env_int("GENERATION_MAX_TOKENS", 256)
-GENERATION_TEMPERATURE = env_float("GENERATION_TEMPERATURE", 0.7)
+GENERATION_TEMPERATURE = env_float("GENERATION_TEMPERATURE", 0.0)
 GENERATION_TOP_P = env_float("GENERATION_TOP_P", 0.95)
 GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
 SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
