@@ -12,7 +12,7 @@ import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -375,7 +375,7 @@ def quality_run_execute(*, run_id: int, answerer: Answerer | None = None) -> Qua
     QualityRun.objects.filter(pk=run_id).update(questions=len(prompts))
 
     async def progress(done: int, total: int) -> None:
-        await sync_to_async(QualityRun.objects.filter(pk=run_id).update)(answered=done)
+        await database_sync_to_async(QualityRun.objects.filter(pk=run_id).update)(answered=done)
 
     async def collect():
         async with asyncio.timeout(settings.QUALITY_RUN_TIMEOUT_S):

@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from asgiref.sync import sync_to_async
+from channels.db import database_sync_to_async
 from django.conf import settings
 
 from inference.engines.base import Engine, GenerationRequest
@@ -275,7 +275,7 @@ def queue_answerer(*, variant: str) -> Answerer:
     says and tries again, within the tier's longest answer wait."""
 
     async def answer(messages: list[dict[str, str]], sampling: SamplingParams) -> str:
-        wait_limit_s = answer_wait_limit_s((await sync_to_async(tier_policy)(Tier.BATCH)).max_wait_s)
+        wait_limit_s = answer_wait_limit_s((await database_sync_to_async(tier_policy)(Tier.BATCH)).max_wait_s)
         async with asyncio.timeout(wait_limit_s):
             while True:
                 job = GenerationJob(
@@ -289,7 +289,7 @@ def queue_answerer(*, variant: str) -> Answerer:
                     disconnect_grace_s=None,
                 )
                 try:
-                    await sync_to_async(request_submit)(job=job)
+                    await database_sync_to_async(request_submit)(job=job)
                 except AdmissionRefused as refusal:
                     await asyncio.sleep(max(refusal.retry_after_s, 1))
                     continue
