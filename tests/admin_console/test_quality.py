@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from admin_console import tasks
-from admin_console.models import QualityRun
+from admin_console import services, tasks
+from admin_console.models import CanaryRollout, QualityRun
 from knowledge.quality import VariantSettings, quality_questions
 from tests.admin_console.conftest import quality_scored
 from tests.api.test_api_jobs import _tasks_sent
@@ -100,3 +100,20 @@ def test_the_task_asks_every_question_of_the_variants_workers_and_stores_the_sco
     assert (run.breakdown["dont_know"], run.breakdown["facts"], run.breakdown["failed"]) == (1.0, 0.0, 0)
     page = client_staff.get("/console/canary").content.decode()
     assert f"{run.overall:.3f}" in page.split('data-variant="candidate"')[1].split("</tr>")[0]
+
+
+@pytest.mark.django_db
+def test_the_promote_button_refuses_a_candidate_scoring_below_stable_and_says_why(
+    client_staff, staff, live_workers
+):
+    services.canary_start(
+        actor=staff, candidate_variant="candidate", steps=[{"percent": 100, "hold_s": 0}], rules={}
+    )
+    quality_scored("stable", 0.6)
+    quality_scored("candidate", 0.55)
+    page = client_staff.post("/console/canary/promote", follow=True).content.decode()
+    assert "quality score (0.550) is below stable&#x27;s (0.600)" in page
+    assert CanaryRollout.objects.get().status == "running"
+    quality_scored("candidate", 0.6)
+    page = client_staff.post("/console/canary/promote", follow=True).content.decode()
+    assert "candidate is now the stable variant." in page
