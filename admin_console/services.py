@@ -27,6 +27,7 @@ from knowledge import services as knowledge_services
 from knowledge.models import Article
 from knowledge.quality import (
     Answerer,
+    QualityScore,
     VariantSettings,
     answers_collect,
     quality_prompts,
@@ -377,7 +378,7 @@ def quality_run_execute(*, run_id: int, answerer: Answerer | None = None) -> Qua
     async def progress(done: int, total: int) -> None:
         await database_sync_to_async(QualityRun.objects.filter(pk=run_id).update)(answered=done)
 
-    async def collect():
+    async def collect() -> QualityScore:
         async with asyncio.timeout(settings.QUALITY_RUN_TIMEOUT_S):
             return await answers_collect(
                 prompts,
