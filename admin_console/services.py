@@ -351,8 +351,11 @@ def canary_evaluate(*, now: datetime | None = None) -> str:
 def quality_run_start(*, actor: User, variant: str) -> QualityRun:
     """Record a new quality score of `variant`, to be run by admin_console.tasks.quality_run.
 
-    Raises ConsoleError while a score of the variant is still running.
+    Raises ConsoleError while a score of the variant is still running, or when no live worker
+    serves it (its questions would wait in the queue until the run timed out).
     """
+    if variant not in {w.variant for w in live_workers() if not w.state.get("draining")}:
+        raise ConsoleError(f"No live worker serves {variant!r}: its questions would go unanswered.")
     with transaction.atomic():
         running = selectors.quality_run_running(variant=variant)
         if running is not None:
@@ -390,11 +393,12 @@ def quality_run_execute(*, run_id: int, answerer: Answerer | None = None) -> Qua
     try:
         score = asyncio.run(collect())
     except TimeoutError:
-        QualityRun.objects.filter(pk=run_id).update(
-            status=QualityRun.Status.FAILED,
-            error=f"Not finished within {settings.QUALITY_RUN_TIMEOUT_S:g} s: are its workers up?",
-            finished_at=timezone.now(),
+        _quality_run_fail(
+            run_id, f"Not finished within {settings.QUALITY_RUN_TIMEOUT_S:g} s: are its workers up?"
         )
+    except Exception as exc:
+        _quality_run_fail(run_id, f"{type(exc).__name__}: {exc}")
+        raise
     else:
         QualityRun.objects.filter(pk=run_id).update(
             status=QualityRun.Status.DONE,
@@ -405,6 +409,12 @@ def quality_run_execute(*, run_id: int, answerer: Answerer | None = None) -> Qua
         )
     run.refresh_from_db()
     return run
+
+
+def _quality_run_fail(run_id: int, error: str) -> None:
+    QualityRun.objects.filter(pk=run_id).update(
+        status=QualityRun.Status.FAILED, error=error, finished_at=timezone.now()
+    )
 
 
 # --- workers ----------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from django.conf import settings
 
 from inference.engines.base import Engine, GenerationRequest
 from knowledge.prompts import system_prompt_build
+from scheduler import control
 from scheduler.admission import AdmissionRefused, request_submit
 from scheduler.generation import AnswerFold, Error, GenerationJob, Origin, SamplingParams, Tier
 from scheduler.policy import tier_policy
@@ -294,12 +295,17 @@ def queue_answerer(*, variant: str) -> Answerer:
                     await asyncio.sleep(max(refusal.retry_after_s, 1))
                     continue
                 break
-            async with result_follower().subscribe(
-                variant=variant, request_id=job.request_id, after_id="0-0"
-            ) as subscription:
-                fold = AnswerFold()
-                while not fold.finished:
-                    fold.add_all(event.body for event in await subscription.next_batch(wait_limit_s))
+            try:
+                async with result_follower().subscribe(
+                    variant=variant, request_id=job.request_id, after_id="0-0"
+                ) as subscription:
+                    fold = AnswerFold()
+                    while not fold.finished:
+                        fold.add_all(event.body for event in await subscription.next_batch(wait_limit_s))
+            except asyncio.CancelledError:
+                # The run gave up (its timeout): no worker should spend a slot on this question.
+                control.request_cancel(request_id=job.request_id)
+                raise
         if isinstance(fold.end, Error):
             raise AnswerFailed(f"{fold.end.code}: {fold.end.message}")
         return fold.text

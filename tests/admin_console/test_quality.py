@@ -9,7 +9,9 @@ import pytest
 from admin_console import services, tasks
 from admin_console.models import CanaryRollout, QualityRun
 from knowledge.quality import VariantSettings, quality_questions
-from tests.admin_console.conftest import quality_scored
+from scheduler import keys
+from scheduler.redis import sync_redis
+from tests.admin_console.conftest import heartbeat, quality_scored
 from tests.api.test_api_jobs import _tasks_sent
 from tests.worker_double import done, publish, queued, tokens
 
@@ -117,3 +119,31 @@ def test_the_promote_button_refuses_a_candidate_scoring_below_stable_and_says_wh
     quality_scored("candidate", 0.6)
     page = client_staff.post("/console/canary/promote", follow=True).content.decode()
     assert "candidate is now the stable variant." in page
+
+
+@pytest.mark.django_db
+def test_a_variant_without_a_live_worker_is_not_scored(client_staff):
+    heartbeat("candidate")  # stable has no worker
+    page = client_staff.post("/console/canary/quality/start", {"variant": "stable"}, follow=True)
+    assert "No live worker serves &#x27;stable&#x27;" in page.content.decode()
+    assert not QualityRun.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_score_whose_questions_go_unanswered_fails_and_says_so(
+    client_staff, staff, live_workers, tier_policies, settings
+):
+    settings.QUALITY_RUN_TIMEOUT_S = 0.5
+    run = QualityRun.objects.create(
+        variant="candidate",
+        variant_settings=VariantSettings.defaults("candidate").as_dict(),
+        started_by=staff,
+    )
+    tasks.quality_run(run.pk)  # no worker answers
+    run.refresh_from_db()
+    assert (run.status, run.overall) == ("failed", None)
+    # The questions still queued are cancelled: no worker spends a slot on them later.
+    left = [job["request_id"] for job in queued("batch", "candidate")]
+    assert left and all(sync_redis().exists(keys.cancel(request_id)) for request_id in left)
+    card = client_staff.get("/console/canary/quality").content.decode()
+    assert "Last run failed: Not finished within 0.5 s" in card
