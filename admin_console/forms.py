@@ -119,6 +119,14 @@ class CanarySplitForm(forms.Form):
     )
 
 
+class QualityRunForm(forms.Form):
+    variant = forms.ChoiceField(label="Variant")
+
+    def __init__(self, *args: Any, variants: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["variant"].choices = [(variant, variant) for variant in variants]
+
+
 class WarmSparesForm(forms.Form):
     spares = forms.IntegerField(label="Warm spares per variant", min_value=0, max_value=16)
 

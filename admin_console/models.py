@@ -171,3 +171,34 @@ class CanaryRollout(models.Model):
         step's while the split is below the plan)."""
         reached = [step for step in self.steps if step["percent"] <= split_percent]
         return (reached[-1] if reached else self.steps[0])["hold_s"]
+
+
+class QualityRun(models.Model):
+    """One quality score of a variant (knowledge.quality), started from the canary page and run
+    by a Celery task. A candidate is promoted only when its latest score is at least stable's."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        DONE = "done", "Done"
+        FAILED = "failed", "Failed"
+
+    variant = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    # The settings the questions were asked with (knowledge.quality.VariantSettings).
+    variant_settings = models.JSONField()
+    answered = models.PositiveIntegerField(default=0)
+    questions = models.PositiveIntegerField(default=0)
+    overall = models.FloatField(null=True, blank=True)
+    # facts, sources, dont_know, language, overall, questions, failed (QualityScore.breakdown).
+    breakdown = models.JSONField(null=True, blank=True)
+    error = models.TextField(blank=True)
+    started_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    started_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        indexes = [models.Index(fields=["variant", "status", "-finished_at"])]
+
+    def __str__(self) -> str:
+        return f"quality of {self.variant} ({self.status})"

@@ -7,10 +7,11 @@ from collections import Counter
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 
+from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 from django.utils import timezone
 
-from admin_console.models import AuditLog, CanaryRollout
+from admin_console.models import AuditLog, CanaryRollout, QualityRun
 from chat.models import Message
 from scheduler import keys, timeseries
 from scheduler.autoscale import workers_desired
@@ -334,6 +335,12 @@ class CanaryOverview:
     next_percent: int | None
     next_step_at: datetime | None
     workers_by_variant: dict[str, int]
+    quality: dict[str, VariantQuality]  # stable's, the candidate's and live candidates', by name
+    quality_gate: QualityGate | None  # while a canary runs
+
+    @property
+    def quality_running(self) -> bool:
+        return any(row.running is not None for row in self.quality.values())
 
 
 def canary_overview() -> CanaryOverview:
@@ -343,7 +350,11 @@ def canary_overview() -> CanaryOverview:
     stable = candidate = None
     checks: list[RuleCheck] = []
     next_percent = next_step_at = None
+    gate = None
     if rollout is not None:
+        gate = quality_gate(
+            stable_variant=rollout.stable_variant, candidate_variant=rollout.candidate_variant
+        )
         stable, candidate = canary_comparison(rollout=rollout)
         checks = rule_checks(rollout=rollout, stable=stable, candidate=candidate)
         next_percent = rollout.next_percent(routing.split_percent)
@@ -358,6 +369,14 @@ def canary_overview() -> CanaryOverview:
         next_percent=next_percent,
         next_step_at=next_step_at,
         workers_by_variant=dict(sorted(workers.items())),
+        quality={
+            variant: variant_quality(variant=variant)
+            for variant in dict.fromkeys(
+                [routing.stable_variant, routing.candidate_variant, *canary_candidates()]
+            )
+            if variant
+        },
+        quality_gate=gate,
     )
 
 
@@ -385,3 +404,73 @@ def tier_policies() -> list[TierPolicy]:
 
 def audit_entries(*, limit: int = 200) -> QuerySet[AuditLog]:
     return AuditLog.objects.select_related("actor")[:limit]
+
+
+# --- quality scores --------------------------------------------------------------------------------
+
+
+def quality_run_running(*, variant: str) -> QualityRun | None:
+    """The variant's score being run now; one older than QUALITY_RUN_TIMEOUT_S lost its task."""
+    since = timezone.now() - timedelta(seconds=settings.QUALITY_RUN_TIMEOUT_S)
+    return (
+        QualityRun.objects.filter(variant=variant, status=QualityRun.Status.RUNNING, started_at__gte=since)
+        .order_by("-started_at", "-id")
+        .first()
+    )
+
+
+def quality_run_latest(*, variant: str) -> QualityRun | None:
+    """The variant's latest finished score."""
+    return (
+        QualityRun.objects.filter(variant=variant, status=QualityRun.Status.DONE)
+        .order_by("-finished_at", "-id")
+        .first()
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class VariantQuality:
+    variant: str
+    latest: QualityRun | None  # the latest finished score
+    running: QualityRun | None
+    last_failed: QualityRun | None  # the latest run, when it failed
+
+
+def variant_quality(*, variant: str) -> VariantQuality:
+    last = QualityRun.objects.filter(variant=variant).order_by("-started_at", "-id").first()
+    return VariantQuality(
+        variant=variant,
+        latest=quality_run_latest(variant=variant),
+        running=quality_run_running(variant=variant),
+        last_failed=last if last is not None and last.status == QualityRun.Status.FAILED else None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class QualityGate:
+    passed: bool
+    reason: str  # why not, in the words the console shows; "" when passed
+
+
+def quality_gate(*, stable_variant: str, candidate_variant: str) -> QualityGate:
+    """A candidate may become stable only when its latest quality score is at least stable's."""
+    stable = quality_run_latest(variant=stable_variant)
+    candidate = quality_run_latest(variant=candidate_variant)
+    missing = [
+        name for name, run in ((stable_variant, stable), (candidate_variant, candidate)) if run is None
+    ]
+    if missing:
+        return QualityGate(
+            False,
+            f"Not promoted: {' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no quality "
+            "score yet. Run it from the canary page first.",
+        )
+    assert stable is not None and candidate is not None and stable.overall is not None
+    assert candidate.overall is not None
+    if candidate.overall < stable.overall:
+        return QualityGate(
+            False,
+            f"Not promoted: {candidate_variant}'s quality score ({candidate.overall:.3f}) is below "
+            f"{stable_variant}'s ({stable.overall:.3f}).",
+        )
+    return QualityGate(True, "")

@@ -6,22 +6,33 @@ Redis mirror right after it commits, so it applies within a second without a res
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import secrets
 from datetime import datetime, timedelta
 from typing import Any
 
+from channels.db import database_sync_to_async
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
 from admin_console import selectors
-from admin_console.models import AuditLog, CanaryRollout
+from admin_console.models import AuditLog, CanaryRollout, QualityRun
 from api import keys as api_keys
 from api.keys import IssuedApiKey
 from api.models import ApiKey
 from chat.models import User
 from knowledge import services as knowledge_services
 from knowledge.models import Article
+from knowledge.quality import (
+    Answerer,
+    QualityScore,
+    VariantSettings,
+    answers_collect,
+    quality_prompts,
+    queue_answerer,
+)
 from scheduler import control
 from scheduler.models import CanaryRouting, TierPolicy, WarmPool
 from scheduler.policy import policies_mirror
@@ -194,6 +205,11 @@ def canary_promote(*, actor: User | None) -> CanaryRollout:
     """Make the candidate the stable variant for every new conversation; the canary ends."""
     with transaction.atomic():
         rollout = _running_locked()
+        gate = selectors.quality_gate(
+            stable_variant=rollout.stable_variant, candidate_variant=rollout.candidate_variant
+        )
+        if not gate.passed:
+            raise ConsoleError(gate.reason)
         _promote(rollout, _routing_locked(), actor=actor)
     canary_mirror()
     return rollout
@@ -283,7 +299,8 @@ def canary_evaluate(*, now: datetime | None = None) -> str:
     A broken rule rolls the candidate back and records the numbers; otherwise, once the
     current split has been held long enough and the candidate has enough answers to judge,
     the split moves to the plan's next step, or past the last step the candidate is promoted.
-    Returns what happened: idle, rolled_back, advanced, promoted or holding.
+    Promotion also needs the candidate's latest quality score to be at least stable's.
+    Returns what happened: idle, rolled_back, advanced, promoted, awaiting_quality or holding.
     """
     now = now or timezone.now()
     with transaction.atomic():
@@ -303,6 +320,12 @@ def canary_evaluate(*, now: datetime | None = None) -> str:
         elif held and candidate.answers >= rollout.min_answers:
             next_percent = rollout.next_percent(routing.split_percent)
             if next_percent is None:
+                gate = selectors.quality_gate(
+                    stable_variant=rollout.stable_variant, candidate_variant=rollout.candidate_variant
+                )
+                if not gate.passed:
+                    # The candidate keeps its split until a score lets it through, or staff end it.
+                    return "awaiting_quality"
                 _promote(rollout, routing, actor=None)
                 outcome = "promoted"
             else:
@@ -320,6 +343,78 @@ def canary_evaluate(*, now: datetime | None = None) -> str:
             return "holding"
     canary_mirror()
     return outcome
+
+
+# --- quality scores -----------------------------------------------------------------------------
+
+
+def quality_run_start(*, actor: User, variant: str) -> QualityRun:
+    """Record a new quality score of `variant`, to be run by admin_console.tasks.quality_run.
+
+    Raises ConsoleError while a score of the variant is still running, or when no live worker
+    serves it (its questions would wait in the queue until the run timed out).
+    """
+    if variant not in {w.variant for w in live_workers() if not w.state.get("draining")}:
+        raise ConsoleError(f"No live worker serves {variant!r}: its questions would go unanswered.")
+    with transaction.atomic():
+        running = selectors.quality_run_running(variant=variant)
+        if running is not None:
+            raise ConsoleError(
+                f"A quality score of {variant} is running already ({running.answered} answered)."
+            )
+        return QualityRun.objects.create(
+            variant=variant,
+            variant_settings=VariantSettings.defaults(variant).as_dict(),
+            started_by=actor,
+        )
+
+
+def quality_run_execute(*, run_id: int, answerer: Answerer | None = None) -> QualityRun:
+    """Ask the run's variant every quality question (by default through the queue, answered by
+    its live workers) and store the score; a run that cannot finish within
+    QUALITY_RUN_TIMEOUT_S is stored as failed."""
+    run = QualityRun.objects.get(pk=run_id)
+    variant = VariantSettings(**run.variant_settings)
+    prompts = quality_prompts(variant=variant)
+    QualityRun.objects.filter(pk=run_id).update(questions=len(prompts))
+
+    async def progress(done: int, total: int) -> None:
+        await database_sync_to_async(QualityRun.objects.filter(pk=run_id).update)(answered=done)
+
+    async def collect() -> QualityScore:
+        async with asyncio.timeout(settings.QUALITY_RUN_TIMEOUT_S):
+            return await answers_collect(
+                prompts,
+                variant=variant,
+                answerer=answerer or queue_answerer(variant=variant.name),
+                progress=progress,
+            )
+
+    try:
+        score = asyncio.run(collect())
+    except TimeoutError:
+        _quality_run_fail(
+            run_id, f"Not finished within {settings.QUALITY_RUN_TIMEOUT_S:g} s: are its workers up?"
+        )
+    except Exception as exc:
+        _quality_run_fail(run_id, f"{type(exc).__name__}: {exc}")
+        raise
+    else:
+        QualityRun.objects.filter(pk=run_id).update(
+            status=QualityRun.Status.DONE,
+            overall=score.overall,
+            breakdown=score.breakdown(),
+            answered=score.questions,
+            finished_at=timezone.now(),
+        )
+    run.refresh_from_db()
+    return run
+
+
+def _quality_run_fail(run_id: int, error: str) -> None:
+    QualityRun.objects.filter(pk=run_id).update(
+        status=QualityRun.Status.FAILED, error=error, finished_at=timezone.now()
+    )
 
 
 # --- workers ----------------------------------------------------------------------------------------

@@ -11,13 +11,14 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from admin_console import selectors, services
+from admin_console import selectors, services, tasks
 from admin_console.access import staff_required
 from admin_console.forms import (
     ApiKeyCreateForm,
     ArticleForm,
     CanarySplitForm,
     CanaryStartForm,
+    QualityRunForm,
     TierPolicyForm,
     WarmSparesForm,
 )
@@ -207,6 +208,30 @@ def canary_rollback(request: HttpRequest) -> HttpResponse:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Rolled back: new conversations go to {rollout.stable_variant} again.")
+    return redirect("console:canary")
+
+
+@require_GET
+@staff_required
+def canary_quality(request: HttpRequest) -> HttpResponse:
+    """The variants' quality scores, re-fetched by htmx every 2 s while one is running."""
+    return render(request, "admin_console/_quality.html", {"overview": selectors.canary_overview()})
+
+
+@require_POST
+@staff_required
+def canary_quality_start(request: HttpRequest) -> HttpResponse:
+    form = QualityRunForm(request.POST, variants=list(selectors.canary_overview().quality))
+    if not form.is_valid():
+        messages.error(request, "Choose the stable variant, the candidate or a live variant to score.")
+        return redirect("console:canary")
+    try:
+        run = services.quality_run_start(actor=request.user, variant=form.cleaned_data["variant"])
+    except services.ConsoleError as exc:
+        messages.error(request, str(exc))
+    else:
+        tasks.quality_run_send(run.pk)
+        messages.success(request, f"Quality score of {run.variant} started.")
     return redirect("console:canary")
 
 

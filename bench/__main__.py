@@ -1,7 +1,7 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
-Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, autoscale (see
-docs/BENCHMARKS.md).
+Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, autoscale,
+quality (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -61,6 +61,7 @@ def main() -> None:
             "console",
             "retrieval",
             "autoscale",
+            "quality",
         ],
     )
     parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
@@ -95,6 +96,28 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "retrieval.json").write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out / 'retrieval.json'}", file=sys.stderr)
+        return
+    if args.scenario == "quality":
+        # In this process, with its own engine and database; no stack to start.
+        from bench import plots
+        from bench.quality import quality
+
+        plots.pyplot()
+        print("== quality ==", flush=True)
+        report = quality()
+        for run in report["runs"]:
+            print(
+                f"{run['name']:<45} overall {run['overall']:.3f}  facts {run['facts']:.3f}  "
+                f"source {run['sources']:.3f}  don't know {run['dont_know']:.3f}  "
+                f"language {run['language']:.3f}  failed {run['failed']}"
+            )
+        best = report["best"]
+        print(f"best: {best['prompt']} at temperature {best['temperature']:g} ({best['overall']:.3f})")
+        report["machine"] = machine()
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
+        png = plots.quality(report, args.out / "quality.png")
+        print(f"wrote {args.out / 'quality.json'} and {png}", file=sys.stderr)
         return
     # Imported once the arguments are read: `--help` needs none of what a run needs. The
     # scenarios read Redis key names and series from the scheduler, whose modules load models.

@@ -209,3 +209,27 @@ def autoscale(report: dict, path: Path) -> Path:
         f"{report['simulated_start_s']:.0f} s; KEDA stand-in polls every {report['keda_poll_s']:.0f} s"
     )
     return _save(figure, path)
+
+
+def quality(report: dict, path: Path) -> Path:
+    plt = pyplot()
+    runs = report["runs"]
+    parts = ["facts", "sources", "dont_know", "language", "overall"]
+    figure, axes = plt.subplots(figsize=(11, 4.5))
+    width = 0.8 / len(runs)
+    for i, run in enumerate(runs):
+        axes.bar(
+            [p + (i - len(runs) / 2 + 0.5) * width for p in range(len(parts))],
+            [run[p] for p in parts],
+            width,
+            label=run["name"],
+        )
+    axes.set(
+        xticks=list(range(len(parts))),
+        xticklabels=["facts", "source quoted", "don't know", "language", "overall"],
+        ylim=(0, 1),
+        ylabel="share right",
+        title=f"Quality score, {report['model']}, {report['questions']} questions",
+    )
+    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    return _save(figure, path)

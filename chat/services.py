@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -17,15 +16,13 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 from chat.models import Conversation, Message, User
-from knowledge import selectors as knowledge_selectors
+from knowledge.prompts import SystemPrompt, system_prompt_build
 from scheduler import control
 from scheduler.admission import Admission, request_admit
 from scheduler.generation import GenerationJob, Origin, SamplingParams, Tier
 from scheduler.models import Generation
-from scheduler.services import generation_create
 from scheduler.routing import variant_for
-
-logger = logging.getLogger(__name__)
+from scheduler.services import generation_create
 
 
 class MessageRejected(ValueError):
@@ -97,45 +94,13 @@ def _validated_text(text: str) -> str:
     return text
 
 
-# The help center decides what the assistant may say: a small model asked without it invents
-# policies, and one told to keep to excerpts still needs to be told what to do without any.
-HELP_CENTER_PROMPT = (
-    "Answer only from these excerpts of our help center. If they do not answer the question, "
-    "say that you do not know, and offer to put the customer in touch with a person from our "
-    "team or ask what exactly they need. Never make up policies, prices or dates.\n\n{excerpts}"
-)
-NO_HELP_CENTER_MATCH_PROMPT = (
-    "Our help center has nothing on this message. If it is a greeting or thanks, reply briefly. "
-    "Otherwise say that you do not know, and offer to put the customer in touch with a person "
-    "from our team or ask what exactly they need. Never make up policies, prices or dates."
-)
-
-
-def _help_center_prompt(text: str) -> tuple[str, int, list[dict[str, str]]]:
-    """(system prompt, characters of excerpts in it, sources quoted) for the customer's message."""
-    try:
-        found = knowledge_selectors.help_center_excerpts(question=text)
-    except knowledge_selectors.EmbedderUnavailable:
-        logger.warning("Answering without the help center: its embedding model is not prepared")
-        return settings.CHAT_SYSTEM_PROMPT, 0, []
-    if not found.excerpts:
-        return f"{settings.CHAT_SYSTEM_PROMPT}\n\n{NO_HELP_CENTER_MATCH_PROMPT}", 0, []
-    excerpts = "\n\n".join(
-        f"## {excerpt.source.title}{f' / {excerpt.heading}' if excerpt.heading else ''}\n{excerpt.text}"
-        for excerpt in found.excerpts
-    )
-    prompt = f"{settings.CHAT_SYSTEM_PROMPT}\n\n{HELP_CENTER_PROMPT.format(excerpts=excerpts)}"
-    excerpt_chars = sum(len(excerpt.text) for excerpt in found.excerpts)
-    return prompt, excerpt_chars, [source.as_dict() for source in found.sources]
-
-
 def _prompt_messages(
-    conversation: Conversation, text: str, help_center: tuple[str, int, list[dict[str, str]]]
+    conversation: Conversation, text: str, system_prompt: SystemPrompt
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """The system prompt with the help center's excerpts on the message (`_help_center_prompt`),
-    as much recent history as fits the room the excerpts leave, then the new message: the prompt
-    must leave room for the answer inside the model's context. Also returns the articles quoted."""
-    system_prompt, excerpt_chars, sources = help_center
+    """The system prompt (`knowledge.prompts.system_prompt_build`: the help center's excerpts on
+    the message), as much recent history as fits the room the excerpts leave, then the new
+    message: the prompt must leave room for the answer inside the model's context. Also returns
+    the articles quoted."""
     recent = (
         conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
         .annotate(text=Coalesce("generation__text", "content"))
@@ -144,15 +109,19 @@ def _prompt_messages(
         .values("role", "text")[: settings.CHAT_HISTORY_MESSAGES]
     )
     history: list[dict[str, str]] = []
-    budget = settings.CHAT_HISTORY_MAX_CHARS - excerpt_chars
+    budget = settings.CHAT_HISTORY_MAX_CHARS - system_prompt.excerpt_chars
     for message in recent:
         budget -= len(message["text"])
         if budget < 0:
             break
         history.append({"role": message["role"], "content": message["text"]})
     history.reverse()
-    messages = [{"role": "system", "content": system_prompt}, *history, {"role": "user", "content": text}]
-    return messages, sources
+    messages = [
+        {"role": "system", "content": system_prompt.text},
+        *history,
+        {"role": "user", "content": text},
+    ]
+    return messages, [source.as_dict() for source in system_prompt.sources]
 
 
 def message_post(
@@ -174,7 +143,7 @@ def message_post(
     variant = variant_for(conversation_id=str(conversation.pk))
     is_new = conversation._state.adding
     # Retrieval is CPU work: done before the transaction, it holds no lock.
-    help_center = _help_center_prompt(text)
+    system_prompt = system_prompt_build(question=text, assistant_prompt=settings.CHAT_SYSTEM_PROMPT)
     with transaction.atomic():
         if is_new:
             _conversation_insert(conversation)
@@ -184,7 +153,7 @@ def message_post(
         Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).exists()
         if _unfinished_answers(conversation).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
-        messages, sources = _prompt_messages(conversation, text, help_center)
+        messages, sources = _prompt_messages(conversation, text, system_prompt)
         job = GenerationJob(
             request_id=str(request_id),
             origin=Origin.CHAT,

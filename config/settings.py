@@ -202,7 +202,11 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # batch-jobs`): however many jobs there are, the periodic tasks on the default queue (canary
 # rollback, reclaim, retention) never wait behind them.
 BATCH_JOBS_CELERY_QUEUE = "batch-jobs"
-CELERY_TASK_ROUTES = {"api.tasks.job_run": {"queue": BATCH_JOBS_CELERY_QUEUE}}
+CELERY_TASK_ROUTES = {
+    "api.tasks.job_run": {"queue": BATCH_JOBS_CELERY_QUEUE},
+    # Minutes of questions: kept off the default queue like a job's slices.
+    "admin_console.tasks.quality_run": {"queue": BATCH_JOBS_CELERY_QUEUE},
+}
 # Every Celery host may run beat: each periodic task is still sent once per period.
 CELERY_BEAT_SCHEDULER = "config.beat:OncePerPeriodScheduler"
 
@@ -212,9 +216,11 @@ CHAT_HISTORY_MESSAGES = env_int("CHAT_HISTORY_MESSAGES", 12)
 # About 500 tokens of earlier messages: with a full-length new message and the answer, the
 # prompt still fits SmolLM2's 2,048-token context.
 CHAT_HISTORY_MAX_CHARS = env_int("CHAT_HISTORY_MAX_CHARS", 2000)
+# The system prompt and temperature that scored best on the quality questions
+# (`python -m bench quality`, docs/BENCHMARKS.md section 10).
 CHAT_SYSTEM_PROMPT = env_str(
     "CHAT_SYSTEM_PROMPT",
-    "You are the customer-service assistant of an online shop. Answer in a few sentences.",
+    "You are a customer-service assistant. Reply in the same language as the customer, briefly and exactly.",
 )
 
 # --- knowledge (the help center the answers come from) ----------------------------------
@@ -232,7 +238,7 @@ GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
 
 # --- generation and streaming -------------------------------------------------------------
 GENERATION_MAX_TOKENS = env_int("GENERATION_MAX_TOKENS", 256)
-GENERATION_TEMPERATURE = env_float("GENERATION_TEMPERATURE", 0.7)
+GENERATION_TEMPERATURE = env_float("GENERATION_TEMPERATURE", 0.0)
 GENERATION_TOP_P = env_float("GENERATION_TOP_P", 0.95)
 GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
 SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
@@ -352,6 +358,9 @@ WORKER_METRICS_ADDR = env_str("WORKER_METRICS_ADDR", "127.0.0.1")
 # --- console ----------------------------------------------------------------------------------
 # How often Celery beat evaluates a running canary's rollback rules and step plan.
 CANARY_EVALUATION_S = env_float("CANARY_EVALUATION_S", 30.0)
+# The longest a variant's quality score (python -m bench quality's questions, asked through the
+# batch queue) may take before it counts as failed; a running one blocks another until then.
+QUALITY_RUN_TIMEOUT_S = env_float("QUALITY_RUN_TIMEOUT_S", 1800.0)
 # How often the live dashboard's snapshot is computed (once for every open tab) and pushed.
 CONSOLE_LIVE_PERIOD_S = env_float("CONSOLE_LIVE_PERIOD_S", 1.0)
 

@@ -34,6 +34,7 @@ class Origin(StrEnum):
     CHAT = "chat"
     API = "api"
     BATCH = "batch"
+    QUALITY = "quality"  # the quality score's questions (knowledge.quality)
 
     @property
     def label(self) -> str:

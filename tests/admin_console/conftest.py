@@ -6,7 +6,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from admin_console.models import QualityRun
 from chat.models import Conversation, Message, User
+from knowledge.quality import VariantSettings
 from scheduler import workers
 from scheduler.redis import new_async_redis
 from tests.generation_jobs import generation_record
@@ -92,3 +94,18 @@ def answers(
             generation=generation,
             feedback=None if failed or n - errors >= len(votes) else votes[n - errors],
         )
+
+
+def quality_scored(variant: str, overall: float) -> QualityRun:
+    """A finished quality score of `variant`."""
+    part = {"facts": overall, "sources": overall, "dont_know": overall, "language": overall}
+    return QualityRun.objects.create(
+        variant=variant,
+        status=QualityRun.Status.DONE,
+        variant_settings=VariantSettings.defaults(variant).as_dict(),
+        answered=72,
+        questions=72,
+        overall=overall,
+        breakdown={**part, "overall": overall, "questions": 72, "failed": 0},
+        finished_at=timezone.now(),
+    )

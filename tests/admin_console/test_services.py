@@ -1,6 +1,7 @@
 """Console services: audited policy edits, the canary's life cycle and its evaluation, drains."""
 
 import json
+import re
 from datetime import timedelta
 
 import pytest
@@ -15,7 +16,7 @@ from scheduler.policy import tier_policy
 from scheduler.redis import sync_redis
 from scheduler.routing import canary_split
 from scheduler.warmpool import warm_spares
-from tests.admin_console.conftest import answers, heartbeat
+from tests.admin_console.conftest import answers, heartbeat, quality_scored
 
 pytestmark = pytest.mark.django_db
 
@@ -118,6 +119,8 @@ def test_a_manual_split_change_restarts_the_hold_and_is_audited(staff, live_work
 
 def test_promotion_makes_the_candidate_stable(staff, live_workers):
     _start(staff)
+    quality_scored("stable", 0.5)
+    quality_scored("candidate", 0.5)
     rollout = services.canary_promote(actor=staff)
     assert rollout.status == "promoted" and not rollout.automatic
     split = canary_split()
@@ -133,6 +136,36 @@ def test_a_manual_rollback_sends_everything_to_stable_and_records_the_numbers(st
     assert (canary_split().candidate_variant, canary_split().split_percent) == ("", 0)
     with pytest.raises(services.ConsoleError):
         services.canary_rollback(actor=staff)
+
+
+@pytest.mark.parametrize(
+    ("stable_score", "candidate_score", "says"),
+    [
+        (None, None, "stable and candidate have no quality score yet"),
+        (0.5, None, "candidate has no quality score yet"),
+        (0.5, 0.49, "candidate's quality score (0.490) is below stable's (0.500)"),
+    ],
+)
+def test_promotion_is_refused_unless_the_candidate_scores_at_least_stable(
+    staff, live_workers, stable_score, candidate_score, says
+):
+    _start(staff)
+    for variant, score in (("stable", stable_score), ("candidate", candidate_score)):
+        if score is not None:
+            quality_scored(variant, score)
+    with pytest.raises(services.ConsoleError, match=re.escape(says)):
+        services.canary_promote(actor=staff)
+    assert CanaryRollout.objects.get().status == "running"
+    assert canary_split().stable_variant == "stable"
+
+
+def test_the_latest_score_counts(staff, live_workers):
+    _start(staff)
+    quality_scored("stable", 0.5)
+    quality_scored("candidate", 0.7)
+    quality_scored("candidate", 0.4)  # a later run of the candidate scored worse
+    with pytest.raises(services.ConsoleError, match="below"):
+        services.canary_promote(actor=staff)
 
 
 # --- evaluation -------------------------------------------------------------------------------------
@@ -188,6 +221,8 @@ def test_a_candidate_with_more_thumbs_down_is_rolled_back(staff, live_workers):
 
 def test_a_healthy_candidate_advances_after_each_hold_and_is_promoted_after_the_last(staff, live_workers):
     rollout = _start(staff)
+    quality_scored("stable", 0.5)
+    quality_scored("candidate", 0.6)
     answers("stable", 20)
     answers("candidate", 10)
     assert services.canary_evaluate() == "holding"  # the first hold has not passed
@@ -198,6 +233,20 @@ def test_a_healthy_candidate_advances_after_each_hold_and_is_promoted_after_the_
     assert outcomes == [("advanced", 50), ("advanced", 100), ("promoted", 0)]
     assert canary_split().stable_variant == "candidate"
     assert AuditLog.objects.filter(action="canary.split", actor=None).count() == 2
+
+
+def test_past_the_last_step_a_candidate_scoring_below_stable_waits_at_its_split(staff, live_workers):
+    rollout = _start(staff, steps=[{"percent": 100, "hold_s": 60}])
+    answers("stable", 20)
+    answers("candidate", 10)
+    quality_scored("stable", 0.6)
+    quality_scored("candidate", 0.5)
+    _hold_elapsed(rollout)
+    assert services.canary_evaluate() == "awaiting_quality"
+    assert (canary_split().stable_variant, canary_split().split_percent) == ("stable", 100)
+    quality_scored("candidate", 0.6)
+    assert services.canary_evaluate() == "promoted"
+    assert canary_split().stable_variant == "candidate"
 
 
 def test_at_a_full_split_stable_is_judged_on_its_answers_from_before_the_canary(staff, live_workers):

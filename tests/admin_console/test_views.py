@@ -32,6 +32,8 @@ CONSOLE_URLS = [
     ("POST", "/console/canary/split"),
     ("POST", "/console/canary/promote"),
     ("POST", "/console/canary/rollback"),
+    ("GET", "/console/canary/quality"),
+    ("POST", "/console/canary/quality/start"),
     ("GET", "/console/audit"),
     ("GET", "/console/api-keys"),
     ("POST", "/console/api-keys/create"),

@@ -1,0 +1,346 @@
+"""The quality score of a variant: a fixed set of customer questions (`quality_questions.json`),
+asked with the prompt the chat builds and the variant's settings, and graded on what a customer
+would notice: the facts of the help center, the article quoted, "I don't know" where the help
+center has no answer, and an answer in the customer's language.
+
+Two steps, so that the database is read outside the event loop that waits for answers:
+`quality_prompts` (sync: retrieval, as a chat post does it), then `answers_collect` (async: asks
+an `Answerer`, the engine in this process or a variant's workers through the queue, and grades
+each answer with `question_grade`, summed up by `quality_score`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import uuid
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+
+from inference.engines.base import Engine, GenerationRequest
+from knowledge.prompts import system_prompt_build
+from scheduler import control
+from scheduler.admission import AdmissionRefused, request_submit
+from scheduler.generation import AnswerFold, Error, GenerationJob, Origin, SamplingParams, Tier
+from scheduler.policy import tier_policy
+from scheduler.results import result_follower
+from scheduler.rules import answer_wait_limit_s
+
+QUESTIONS_PATH = Path(__file__).resolve().parent / "quality_questions.json"
+
+# --- the variant --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class VariantSettings:
+    """What a variant answers with, as far as the score is concerned. Whoever stores variants
+    turns one into this value; the model itself is the one the answerer reaches."""
+
+    name: str
+    assistant_prompt: str
+    temperature: float
+    top_p: float
+    max_tokens: int
+    use_help_center: bool = True
+
+    @classmethod
+    def defaults(cls, name: str) -> VariantSettings:
+        """The settings every variant answers the chat with today."""
+        sampling = SamplingParams.defaults()
+        return cls(
+            name=name,
+            assistant_prompt=settings.CHAT_SYSTEM_PROMPT,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            max_tokens=sampling.max_tokens,
+        )
+
+    @property
+    def sampling(self) -> SamplingParams:
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+# --- the questions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QualityQuestion:
+    id: str
+    question: str
+    language: str = "en"
+    source: str = ""  # the article slug the answer comes from; "" when unanswerable
+    # Case-insensitive regular expressions a right answer matches, each as whole words ("no"
+    # is not found in "know").
+    facts: tuple[str, ...] = ()
+    unanswerable: bool = False
+
+
+def quality_questions(path: Path = QUESTIONS_PATH) -> list[QualityQuestion]:
+    return [
+        QualityQuestion(
+            id=row["id"],
+            question=row["question"],
+            language=row.get("language", "en"),
+            source=row.get("source", ""),
+            facts=tuple(row.get("facts", ())),
+            unanswerable=bool(row.get("unanswerable", False)),
+        )
+        for row in json.loads(path.read_text())["questions"]
+    ]
+
+
+# --- grading ------------------------------------------------------------------------------------
+
+# The most frequent short words of each language the questions use: enough to tell a few
+# sentences of English, French, Spanish and German apart.
+_COMMON_WORDS = {
+    "en": "the and you your is are to of for in it can we our will be with have this that not do "
+    "please if or on an as by at from my i",
+    "fr": "le la les des et vous votre vos est pour un une nous dans pas que qui sur avec ne au aux "
+    "du ce sont pouvez être je il elle mais ou si",
+    "es": "el los las y que en una es su para por con no se puede usted sus del al lo tiene está "
+    "pero como si o",
+    "de": "der die das und sie ist zu den ein eine nicht mit für von ihr ihre auf wir es können dem "
+    "des bitte auch bei ich wenn oder sind",
+}
+_STOPWORDS = {language: frozenset(words.split()) for language, words in _COMMON_WORDS.items()}
+_WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def answer_language(text: str) -> str | None:
+    """The language whose common words the text uses most, or None for none at all."""
+    words = [word.lower() for word in _WORD.findall(text)]
+    counts = {language: sum(word in common for word in words) for language, common in _STOPWORDS.items()}
+    best = max(counts, key=lambda language: counts[language])
+    return best if counts[best] else None
+
+
+_DONT_KNOW = re.compile(
+    r"(don'?t|do not|doesn'?t|does not) (know|have (any )?(information|details))|not sure|"
+    r"no information|unable to|can'?t help|cannot help|could(n'?t| not) find|"
+    r"(person|someone|member) (from|of|on) our team|sorry|"
+    r"je ne sais pas|pas d'information|désolée?|"
+    r"no sé|no tengo información|lo siento|"
+    r"weiß (ich )?nicht|keine informationen|tut mir leid|leider",
+    re.IGNORECASE,
+)
+
+
+def says_dont_know(text: str) -> bool:
+    return bool(_DONT_KNOW.search(text))
+
+
+@dataclass(frozen=True, slots=True)
+class QuestionResult:
+    id: str
+    answer: str
+    sources: tuple[str, ...]  # the articles the answer quoted (shown under it in the chat)
+    facts_found: int
+    facts_total: int
+    source_right: bool | None  # None: unanswerable
+    dont_know_right: bool | None  # None: answerable
+    language_right: bool
+
+
+def question_grade(question: QualityQuestion, *, answer: str, sources: Sequence[str]) -> QuestionResult:
+    found = sum(
+        bool(re.search(rf"(?<!\w)(?:{fact})(?!\w)", answer, re.IGNORECASE)) for fact in question.facts
+    )
+    return QuestionResult(
+        id=question.id,
+        answer=answer,
+        sources=tuple(sources),
+        facts_found=found,
+        facts_total=len(question.facts),
+        source_right=None if question.unanswerable else question.source in sources,
+        dont_know_right=says_dont_know(answer) if question.unanswerable else None,
+        language_right=answer_language(answer) == question.language,
+    )
+
+
+def _rate(values: Sequence[float | bool]) -> float:
+    return round(sum(values) / len(values), 4) if values else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class QualityScore:
+    """Each part is a share from 0 to 1; `overall` is their mean."""
+
+    facts: float  # of the required facts, over answerable questions
+    sources: float  # answerable questions whose article was quoted
+    dont_know: float  # unanswerable questions answered with "I don't know"
+    language: float  # answers in the question's language
+    overall: float
+    questions: int
+    failed: int  # questions that got no answer (an error); graded as empty answers
+    results: tuple[QuestionResult, ...] = field(default=(), repr=False)
+
+    def breakdown(self) -> dict[str, Any]:
+        """The figures without the answers, as stored and shown."""
+        return {
+            "facts": self.facts,
+            "sources": self.sources,
+            "dont_know": self.dont_know,
+            "language": self.language,
+            "overall": self.overall,
+            "questions": self.questions,
+            "failed": self.failed,
+        }
+
+
+def quality_score(results: Sequence[QuestionResult], *, failed: int = 0) -> QualityScore:
+    answerable = [r for r in results if r.dont_know_right is None]
+    facts = _rate([r.facts_found / r.facts_total for r in answerable if r.facts_total])
+    sources = _rate([bool(r.source_right) for r in answerable])
+    dont_know = _rate([bool(r.dont_know_right) for r in results if r.dont_know_right is not None])
+    language = _rate([r.language_right for r in results])
+    return QualityScore(
+        facts=facts,
+        sources=sources,
+        dont_know=dont_know,
+        language=language,
+        overall=round((facts + sources + dont_know + language) / 4, 4),
+        questions=len(results),
+        failed=failed,
+        results=tuple(results),
+    )
+
+
+# --- asking -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class QualityPrompt:
+    question: QualityQuestion
+    messages: list[dict[str, str]]
+    sources: tuple[str, ...]
+
+
+def quality_prompts(
+    *, variant: VariantSettings, questions: Sequence[QualityQuestion] | None = None
+) -> list[QualityPrompt]:
+    """Each question as the chat would send it as a conversation's first message (reads the
+    help center: call it outside an event loop)."""
+    prompts = []
+    for question in questions if questions is not None else quality_questions():
+        system_prompt = system_prompt_build(
+            question=question.question,
+            assistant_prompt=variant.assistant_prompt,
+            use_help_center=variant.use_help_center,
+        )
+        messages = [
+            {"role": "system", "content": system_prompt.text},
+            {"role": "user", "content": question.question},
+        ]
+        prompts.append(QualityPrompt(question, messages, tuple(s.slug for s in system_prompt.sources)))
+    return prompts
+
+
+class AnswerFailed(RuntimeError):
+    """A question got no answer; it is graded as an empty one."""
+
+
+class Answerer(Protocol):
+    async def __call__(self, messages: list[dict[str, str]], sampling: SamplingParams) -> str: ...
+
+
+def engine_answerer(engine: Engine) -> Answerer:
+    """Answers from an engine in this process (started by the caller)."""
+
+    async def answer(messages: list[dict[str, str]], sampling: SamplingParams) -> str:
+        request = GenerationRequest(
+            request_id=f"quality-{uuid.uuid4()}",
+            messages=messages,
+            max_tokens=sampling.max_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            stop=list(sampling.stop),
+        )
+        return "".join([delta.text async for delta in engine.generate(request)])
+
+    return answer
+
+
+def queue_answerer(*, variant: str) -> Answerer:
+    """Answers from the live workers serving `variant`, through admission and the batch tier's
+    queue, so that a score never takes capacity from customers. A refusal waits as long as it
+    says and tries again, within the tier's longest answer wait."""
+
+    async def answer(messages: list[dict[str, str]], sampling: SamplingParams) -> str:
+        wait_limit_s = answer_wait_limit_s((await database_sync_to_async(tier_policy)(Tier.BATCH)).max_wait_s)
+        async with asyncio.timeout(wait_limit_s):
+            while True:
+                job = GenerationJob(
+                    request_id=str(uuid.uuid4()),
+                    origin=Origin.QUALITY,
+                    messages=messages,
+                    sampling=sampling,
+                    client_id=f"quality:{variant}",
+                    tier=Tier.BATCH,
+                    variant=variant,
+                    disconnect_grace_s=None,
+                )
+                try:
+                    await database_sync_to_async(request_submit)(job=job)
+                except AdmissionRefused as refusal:
+                    await asyncio.sleep(max(refusal.retry_after_s, 1))
+                    continue
+                break
+            try:
+                async with result_follower().subscribe(
+                    variant=variant, request_id=job.request_id, after_id="0-0"
+                ) as subscription:
+                    fold = AnswerFold()
+                    while not fold.finished:
+                        fold.add_all(event.body for event in await subscription.next_batch(wait_limit_s))
+            except asyncio.CancelledError:
+                # The run gave up (its timeout): no worker should spend a slot on this question.
+                control.request_cancel(request_id=job.request_id)
+                raise
+        if isinstance(fold.end, Error):
+            raise AnswerFailed(f"{fold.end.code}: {fold.end.message}")
+        return fold.text
+
+    return answer
+
+
+async def answers_collect(
+    prompts: Sequence[QualityPrompt],
+    *,
+    variant: VariantSettings,
+    answerer: Answerer,
+    concurrency: int = 16,
+    progress: Callable[[int, int], Awaitable[None] | None] | None = None,
+) -> QualityScore:
+    """Ask every prompt (`concurrency` at a time, so the engine batches them) and grade it.
+    `progress(done, total)` is called after each answer."""
+    slots = asyncio.Semaphore(concurrency)
+    done = 0
+    failed = 0
+
+    async def ask(prompt: QualityPrompt) -> QuestionResult:
+        nonlocal done, failed
+        async with slots:
+            try:
+                answer = await answerer(prompt.messages, variant.sampling)
+            except (AnswerFailed, TimeoutError):
+                answer = ""
+                failed += 1
+        done += 1
+        if progress is not None:
+            reported = progress(done, len(prompts))
+            if reported is not None:
+                await reported
+        return question_grade(prompt.question, answer=answer, sources=prompt.sources)
+
+    results = await asyncio.gather(*(ask(prompt) for prompt in prompts))
+    return quality_score(results, failed=failed)

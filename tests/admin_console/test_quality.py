@@ -1,0 +1,149 @@
+"""Scoring a variant's quality from the canary page: the task it starts, asking the variant's
+workers through the queue, and the score shown beside the variant."""
+
+import threading
+import time
+
+import pytest
+
+from admin_console import services, tasks
+from admin_console.models import CanaryRollout, QualityRun
+from knowledge.quality import VariantSettings, quality_questions
+from scheduler import keys
+from scheduler.redis import sync_redis
+from tests.admin_console.conftest import heartbeat, quality_scored
+from tests.api.test_api_jobs import _tasks_sent
+from tests.worker_double import done, publish, queued, tokens
+
+
+def _start(client, variant: str, capture) -> object:
+    with capture(execute=True):
+        return client.post("/console/canary/quality/start", {"variant": variant}, follow=True)
+
+
+@pytest.mark.django_db
+def test_staff_start_a_score_and_see_it_running_beside_the_variant(
+    client_staff, live_workers, django_capture_on_commit_callbacks
+):
+    page = _start(client_staff, "candidate", django_capture_on_commit_callbacks)
+    run = QualityRun.objects.get()
+    assert (run.variant, run.status, run.variant_settings["name"]) == ("candidate", "running", "candidate")
+    assert [task for task, _ in _tasks_sent("batch-jobs")] == ["admin_console.tasks.quality_run"]
+    assert "Quality score of candidate started." in page.content.decode()
+    card = client_staff.get("/console/canary/quality").content.decode()
+    assert "Running: 0/" in card and 'hx-trigger="every 2s"' in card
+    # A second start while the first runs is refused, and sends nothing.
+    again = _start(client_staff, "candidate", django_capture_on_commit_callbacks)
+    assert "is running already" in again.content.decode()
+    assert QualityRun.objects.count() == 1 and len(_tasks_sent("batch-jobs")) == 1
+
+
+@pytest.mark.django_db
+def test_a_variant_that_serves_nothing_cannot_be_scored(client_staff, live_workers):
+    client_staff.post("/console/canary/quality/start", {"variant": "nobody"})
+    assert not QualityRun.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_latest_scores_are_shown_beside_each_variant(client_staff, live_workers):
+    quality_scored("stable", 0.512)
+    quality_scored("candidate", 0.4)
+    quality_scored("candidate", 0.634)
+    page = client_staff.get("/console/canary").content.decode()
+    stable_row = page.split('data-variant="stable"')[1].split("</tr>")[0]
+    candidate_row = page.split('data-variant="candidate"')[1].split("</tr>")[0]
+    assert "0.512" in stable_row and "0.634" in candidate_row and "0.400" not in page
+
+
+class _WorkerDouble(threading.Thread):
+    """Answers every job queued for `variant` in the batch tier, as its worker would."""
+
+    def __init__(self, variant: str) -> None:
+        super().__init__(daemon=True)
+        self.variant = variant
+        self.stopping = threading.Event()
+        self.answered: set[str] = set()
+
+    def run(self) -> None:
+        while not self.stopping.is_set():
+            for job in queued("batch", self.variant):
+                if job["request_id"] not in self.answered:
+                    self.answered.add(job["request_id"])
+                    publish(
+                        job["request_id"],
+                        *tokens("I'm sorry, ", "I don't know."),
+                        done(),
+                        variant=self.variant,
+                    )
+            time.sleep(0.01)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_task_asks_every_question_of_the_variants_workers_and_stores_the_score(
+    client_staff, staff, live_workers, tier_policies
+):
+    run = QualityRun.objects.create(
+        variant="candidate",
+        variant_settings=VariantSettings.defaults("candidate").as_dict(),
+        started_by=staff,
+    )
+    worker = _WorkerDouble("candidate")
+    worker.start()
+    try:
+        tasks.quality_run(run.pk)
+    finally:
+        worker.stopping.set()
+        worker.join()
+    run.refresh_from_db()
+    questions = quality_questions()
+    assert (run.status, run.answered, run.questions) == ("done", len(questions), len(questions))
+    assert len(worker.answered) == len(questions)
+    # Saying "I don't know" to everything: every unanswerable question right, no fact right.
+    assert (run.breakdown["dont_know"], run.breakdown["facts"], run.breakdown["failed"]) == (1.0, 0.0, 0)
+    page = client_staff.get("/console/canary").content.decode()
+    assert f"{run.overall:.3f}" in page.split('data-variant="candidate"')[1].split("</tr>")[0]
+
+
+@pytest.mark.django_db
+def test_the_promote_button_refuses_a_candidate_scoring_below_stable_and_says_why(
+    client_staff, staff, live_workers
+):
+    services.canary_start(
+        actor=staff, candidate_variant="candidate", steps=[{"percent": 100, "hold_s": 0}], rules={}
+    )
+    quality_scored("stable", 0.6)
+    quality_scored("candidate", 0.55)
+    page = client_staff.post("/console/canary/promote", follow=True).content.decode()
+    assert "quality score (0.550) is below stable&#x27;s (0.600)" in page
+    assert CanaryRollout.objects.get().status == "running"
+    quality_scored("candidate", 0.6)
+    page = client_staff.post("/console/canary/promote", follow=True).content.decode()
+    assert "candidate is now the stable variant." in page
+
+
+@pytest.mark.django_db
+def test_a_variant_without_a_live_worker_is_not_scored(client_staff):
+    heartbeat("candidate")  # stable has no worker
+    page = client_staff.post("/console/canary/quality/start", {"variant": "stable"}, follow=True)
+    assert "No live worker serves &#x27;stable&#x27;" in page.content.decode()
+    assert not QualityRun.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_score_whose_questions_go_unanswered_fails_and_says_so(
+    client_staff, staff, live_workers, tier_policies, settings
+):
+    settings.QUALITY_RUN_TIMEOUT_S = 0.5
+    run = QualityRun.objects.create(
+        variant="candidate",
+        variant_settings=VariantSettings.defaults("candidate").as_dict(),
+        started_by=staff,
+    )
+    tasks.quality_run(run.pk)  # no worker answers
+    run.refresh_from_db()
+    assert (run.status, run.overall) == ("failed", None)
+    # The questions still queued are cancelled: no worker spends a slot on them later.
+    left = [job["request_id"] for job in queued("batch", "candidate")]
+    assert left and all(sync_redis().exists(keys.cancel(request_id)) for request_id in left)
+    card = client_staff.get("/console/canary/quality").content.decode()
+    assert "Last run failed: Not finished within 0.5 s" in card
