@@ -260,10 +260,7 @@ def engine_answerer(engine: Engine) -> Answerer:
         request = GenerationRequest(
             request_id=f"quality-{uuid.uuid4()}",
             messages=messages,
-            max_tokens=sampling.max_tokens,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            stop=list(sampling.stop),
+            sampling=sampling,
         )
         return "".join([delta.text async for delta in engine.generate(request)])
 
