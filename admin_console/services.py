@@ -1,4 +1,5 @@
-"""Writes for the console: rate-limit policies, the canary, worker drains, API keys, help articles.
+"""Writes for the console: rate-limit policies, model variants, the canary, worker drains, API
+keys, help articles.
 
 Every change lands in the audit log (who, when, before, after) and reaches the scheduler's
 Redis mirror right after it commits, so it applies within a second without a restart.
@@ -23,7 +24,7 @@ from chat.models import User
 from knowledge import services as knowledge_services
 from knowledge.models import Article
 from scheduler import control
-from scheduler.models import CanaryRouting, TierPolicy, WarmPool
+from scheduler.models import CanaryRouting, TierPolicy, Variant, WarmPool
 from scheduler.policy import policies_mirror
 from scheduler.routing import canary_mirror
 from scheduler.warmpool import spares_mirror
@@ -33,6 +34,7 @@ from scheduler.workers import live_workers
 EVALUATION_ACTOR_NAME = "canary evaluation"
 
 POLICY_FIELDS = tuple(f.name for f in TierPolicy._meta.fields if f.name not in {"tier", "updated_at"})
+VARIANT_FIELDS = ("model", "system_prompt", "temperature", "top_p", "max_tokens", "knowledge", "description")
 CANARY_RULE_FIELDS = (
     "max_error_rate_increase_points",
     "max_ttft_p95_ratio",
@@ -92,6 +94,49 @@ def policy_update(*, actor: User, tier: str, changes: dict[str, Any]) -> TierPol
     return policy
 
 
+# --- model variants ---------------------------------------------------------------------------------
+
+
+def _variant_values(variant: Variant) -> dict[str, Any]:
+    return {name: getattr(variant, name) for name in VARIANT_FIELDS}
+
+
+def variant_create(*, actor: User, name: str, values: dict[str, Any]) -> Variant:
+    """Add a variant; the canary can try it once a live worker serves its model. Raises
+    ValidationError (a field, or the name taken)."""
+    with transaction.atomic():
+        variant = Variant(name=name, **{field: values[field] for field in VARIANT_FIELDS if field in values})
+        variant.full_clean()
+        variant.save()
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.VARIANT_CREATE,
+            target=name,
+            before=None,
+            after=_variant_values(variant),
+        )
+    return variant
+
+
+def variant_update(*, actor: User, name: str, changes: dict[str, Any]) -> Variant:
+    """Change a variant: the next question routed to it is asked its new way (answers already
+    queued keep the prompt and sampling they were queued with). Raises Variant.DoesNotExist or
+    ValidationError."""
+    with transaction.atomic():
+        variant = Variant.objects.select_for_update().get(name=name)
+        before = _variant_values(variant)
+        for field in VARIANT_FIELDS:
+            if field in changes:
+                setattr(variant, field, changes[field])
+        variant.full_clean()
+        after = _variant_values(variant)
+        if after == before:
+            return variant
+        variant.save()
+        _audit(actor=actor, action=AuditLog.Action.VARIANT_UPDATE, target=name, before=before, after=after)
+    return variant
+
+
 # --- canary -----------------------------------------------------------------------------------------
 
 
@@ -119,20 +164,23 @@ def canary_start(
 ) -> CanaryRollout:
     """Start sending the plan's first share of new conversations to `candidate_variant`.
 
-    Raises ConsoleError (a canary runs already, no live worker serves the candidate) or
+    Raises ConsoleError (a canary runs already, no live worker serves the candidate's model) or
     ValidationError (the plan or rules).
     """
-    serving = {w.variant for w in live_workers() if not w.state.get("draining")}
+    serving = {w.model for w in live_workers() if not w.state.get("draining")}
     with transaction.atomic():
         routing = _routing_locked()
         if selectors.running_rollout() is not None:
             raise ConsoleError("A canary is already running: promote it or roll it back first.")
         if candidate_variant == routing.stable_variant:
             raise ConsoleError(f"{candidate_variant} is the stable variant already.")
-        if candidate_variant not in serving:
+        candidate = Variant.objects.filter(name=candidate_variant).first()
+        if candidate is None:
+            raise ConsoleError(f"There is no variant {candidate_variant!r}.")
+        if candidate.model not in serving:
             raise ConsoleError(
-                f"No live worker serves {candidate_variant!r}: start one with "
-                f"INFERENCE_VARIANT={candidate_variant} first."
+                f"No live worker serves {candidate.model!r}, the model of {candidate_variant!r}: "
+                f"start one with INFERENCE_MODEL_NAME={candidate.model} first."
             )
         before = _routing_values(routing)
         rollout = CanaryRollout(
@@ -335,13 +383,13 @@ def worker_drain(*, actor: User, worker_id: str) -> None:
         actor=actor,
         action=AuditLog.Action.WORKER_DRAIN,
         target=worker_id,
-        before={"variant": worker.variant, "draining": bool(worker.state.get("draining"))},
-        after={"variant": worker.variant, "draining": True},
+        before={"model": worker.model, "draining": bool(worker.state.get("draining"))},
+        after={"model": worker.model, "draining": True},
     )
 
 
 def warm_spares_set(*, actor: User, spares: int) -> WarmPool:
-    """Keep `spares` warm spare workers per variant beyond those it needs (0: no pool)."""
+    """Keep `spares` warm spare workers per model beyond those it needs (0: no pool)."""
     with transaction.atomic():
         pool = WarmPool.objects.select_for_update().get(pk=WarmPool.load().pk)
         before = {"spares": pool.spares}

@@ -19,6 +19,7 @@ from admin_console.forms import (
     CanarySplitForm,
     CanaryStartForm,
     TierPolicyForm,
+    VariantForm,
     WarmSparesForm,
 )
 from api import keys as key_services
@@ -27,7 +28,7 @@ from api.models import ApiKey
 from knowledge import selectors as knowledge_selectors
 from knowledge.embedding import EmbedderUnavailable
 from knowledge.models import Article
-from scheduler.models import TierPolicy
+from scheduler.models import TierPolicy, Variant
 
 
 def _render(
@@ -76,10 +77,73 @@ def warm_spares(request: HttpRequest) -> HttpResponse:
     form = WarmSparesForm(request.POST)
     if form.is_valid():
         services.warm_spares_set(actor=request.user, spares=form.cleaned_data["spares"])
-        messages.success(request, f"Each variant keeps {form.cleaned_data['spares']} warm spares.")
+        messages.success(request, f"Each model keeps {form.cleaned_data['spares']} warm spares.")
     else:
         messages.error(request, "Warm spares: a whole number from 0 to 16.")
     return redirect("console:dashboard")
+
+
+# --- model variants ----------------------------------------------------------------------------
+
+
+def _variants_page(
+    request: HttpRequest,
+    *,
+    bound: VariantForm | None = None,
+    new: VariantForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    forms = [
+        bound
+        if bound is not None and bound.instance.name == variant.name
+        else VariantForm(instance=variant, prefix=variant.name)
+        for variant in selectors.variants()
+    ]
+    return _render(
+        request,
+        "admin_console/variants.html",
+        "variants",
+        {"forms": forms, "new": new or VariantForm(prefix="new")},
+        status=status,
+    )
+
+
+@require_GET
+@staff_required
+def variants(request: HttpRequest) -> HttpResponse:
+    return _variants_page(request)
+
+
+@require_POST
+@staff_required
+def variant_create(request: HttpRequest) -> HttpResponse:
+    form = VariantForm(request.POST, prefix="new")
+    if not form.is_valid():
+        return _variants_page(request, new=form, status=400)
+    values = dict(form.cleaned_data)
+    try:
+        services.variant_create(actor=request.user, name=values.pop("name"), values=values)
+    except ValidationError as exc:
+        form.add_error(None, exc)
+        return _variants_page(request, new=form, status=400)
+    messages.success(request, f"Variant {form.cleaned_data['name']} added.")
+    return redirect("console:variants")
+
+
+@require_POST
+@staff_required
+def variant_update(request: HttpRequest, name: str) -> HttpResponse:
+    variant = get_object_or_404(Variant, name=name)
+    form = VariantForm(request.POST, instance=variant, prefix=name)
+    if not form.is_valid():
+        return _variants_page(request, bound=form, status=400)
+    try:
+        services.variant_update(actor=request.user, name=name, changes=form.cleaned_data)
+    except ValidationError as exc:
+        form.add_error(None, exc)
+        return _variants_page(request, bound=form, status=400)
+    messages.success(request, f"Variant {name} saved: the next questions routed to it are asked this way.")
+    return redirect("console:variants")
 
 
 # --- rate limits -------------------------------------------------------------------------------

@@ -29,7 +29,7 @@ from scheduler.admission import request_submit
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier
 from scheduler.policy import tier_policy
 from scheduler.results import result_follower
-from scheduler.routing import variant_for
+from scheduler.routing import variant_for_conversation
 from scheduler.rules import answer_wait_limit_s
 
 # An answer that expired in the queue met a long queue moments ago: give it time to drain.
@@ -40,6 +40,7 @@ EXPIRED_RETRY_AFTER_S = 10
 class SubmittedCompletion:
     request_id: str
     variant: str
+    model: str  # whose result stream the answer is written to
     created: int
     wait_limit_s: float  # the longest the caller waits for the end of the answer
 
@@ -47,7 +48,7 @@ class SubmittedCompletion:
 def completion_submit(*, api_key: ApiKey, request: ChatRequest) -> SubmittedCompletion:
     """Admit the request under the key's tier and limits; raises AdmissionRefused."""
     request_id = str(uuid.uuid4())
-    variant = variant_for(conversation_id=completion_id(request_id))
+    variant = variant_for_conversation(conversation_id=completion_id(request_id))
     tier = Tier(api_key.effective_tier)
     request_submit(
         job=GenerationJob(
@@ -57,13 +58,15 @@ def completion_submit(*, api_key: ApiKey, request: ChatRequest) -> SubmittedComp
             sampling=request.sampling_params(),
             client_id=api_key.client_id,
             tier=tier,
-            variant=variant,
+            variant=variant.name,
+            model=variant.model,
             disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
         )
     )
     return SubmittedCompletion(
         request_id=request_id,
-        variant=variant,
+        variant=variant.name,
+        model=variant.model,
         created=int(time.time()),
         wait_limit_s=answer_wait_limit_s(tier_policy(tier).max_wait_s),
     )
@@ -99,7 +102,7 @@ async def _cancel(request_id: str) -> None:
 async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
     """Wait for the whole answer; returns a chat.completion object or raises ApiError."""
     async with result_follower().subscribe(
-        variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
+        model=submitted.model, request_id=submitted.request_id, after_id="0-0"
     ) as subscription:
         answer = AnswerFold()
         try:
@@ -141,7 +144,7 @@ async def completion_stream(submitted: SubmittedCompletion, *, include_usage: bo
     loop = asyncio.get_running_loop()
     deadline = loop.time() + submitted.wait_limit_s
     async with result_follower().subscribe(
-        variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
+        model=submitted.model, request_id=submitted.request_id, after_id="0-0"
     ) as subscription:
         yield _json(header.chunk({"role": "assistant", "content": ""}))
         answer = AnswerFold()

@@ -20,9 +20,9 @@ from chat.models import Conversation, Message, User
 from knowledge import selectors as knowledge_selectors
 from scheduler import control
 from scheduler.admission import Admission, request_submit
-from scheduler.generation import GenerationJob, Origin, SamplingParams, Tier
-from scheduler.models import Generation
-from scheduler.routing import variant_for
+from scheduler.generation import GenerationJob, Origin, Tier
+from scheduler.models import Generation, Variant
+from scheduler.routing import variant_for_conversation
 
 logger = logging.getLogger(__name__)
 
@@ -108,31 +108,34 @@ NO_HELP_CENTER_MATCH_PROMPT = (
 )
 
 
-def _help_center_prompt(text: str) -> tuple[str, int, list[dict[str, str]]]:
-    """(system prompt, characters of excerpts in it, sources quoted) for the customer's message."""
+def _help_center_prompt(variant: Variant, text: str) -> tuple[str, int, list[dict[str, str]]]:
+    """(system prompt, characters of excerpts in it, sources quoted) for the customer's message,
+    in the variant's words; a variant with the help center off gets its own prompt alone."""
+    if not variant.knowledge:
+        return variant.system_prompt, 0, []
     try:
         found = knowledge_selectors.help_center_excerpts(question=text)
     except knowledge_selectors.EmbedderUnavailable:
         logger.warning("Answering without the help center: its embedding model is not prepared")
-        return settings.CHAT_SYSTEM_PROMPT, 0, []
+        return variant.system_prompt, 0, []
     if not found.excerpts:
-        return f"{settings.CHAT_SYSTEM_PROMPT}\n\n{NO_HELP_CENTER_MATCH_PROMPT}", 0, []
+        return f"{variant.system_prompt}\n\n{NO_HELP_CENTER_MATCH_PROMPT}", 0, []
     excerpts = "\n\n".join(
         f"## {excerpt.source.title}{f' / {excerpt.heading}' if excerpt.heading else ''}\n{excerpt.text}"
         for excerpt in found.excerpts
     )
-    prompt = f"{settings.CHAT_SYSTEM_PROMPT}\n\n{HELP_CENTER_PROMPT.format(excerpts=excerpts)}"
+    prompt = f"{variant.system_prompt}\n\n{HELP_CENTER_PROMPT.format(excerpts=excerpts)}"
     excerpt_chars = sum(len(excerpt.text) for excerpt in found.excerpts)
     return prompt, excerpt_chars, [source.as_dict() for source in found.sources]
 
 
 def _prompt_messages(
-    conversation: Conversation, text: str
+    conversation: Conversation, variant: Variant, text: str
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """The system prompt with the help center's excerpts on the message, as much recent history
     as fits the room the excerpts leave, then the new message: the prompt must leave room for
     the answer inside the model's context. Also returns the articles quoted."""
-    system_prompt, excerpt_chars, sources = _help_center_prompt(text)
+    system_prompt, excerpt_chars, sources = _help_center_prompt(variant, text)
     recent = (
         conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
         .annotate(text=Coalesce("generation__text", "content"))
@@ -168,7 +171,7 @@ def message_post(
     """
     text = _validated_text(text)
     request_id = uuid.uuid4()
-    variant = variant_for(conversation_id=str(conversation.pk))
+    variant = variant_for_conversation(conversation_id=str(conversation.pk))
     is_new = conversation._state.adding
     if is_new:
         _conversation_insert(conversation)
@@ -179,15 +182,16 @@ def message_post(
         Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).exists()
         if _unfinished_answers(conversation).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
-        messages, sources = _prompt_messages(conversation, text)
+        messages, sources = _prompt_messages(conversation, variant, text)
         job = GenerationJob(
             request_id=str(request_id),
             origin=Origin.CHAT,
             messages=messages,
-            sampling=SamplingParams.defaults(),
+            sampling=variant.sampling(),
             client_id=client_id,
             tier=Tier(tier),
-            variant=variant,
+            variant=variant.name,
+            model=variant.model,
             disconnect_grace_s=settings.STREAM_DISCONNECT_GRACE_S,
         )
         user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER, content=text)

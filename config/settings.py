@@ -355,7 +355,9 @@ CONSOLE_LIVE_PERIOD_S = env_float("CONSOLE_LIVE_PERIOD_S", 1.0)
 # --- inference worker -----------------------------------------------------------------------
 INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "vllm")
 INFERENCE_MODEL = env_str("INFERENCE_MODEL", str(VAR_DIR / "models" / "SmolLM2-135M-Instruct"))
-INFERENCE_VARIANT = env_str("INFERENCE_VARIANT", "stable")
+# The name this worker serves its model under: it answers every variant (scheduler.models.Variant)
+# whose `model` is this name. Queues, capacity, autoscaling and the warm pool are per model name.
+INFERENCE_MODEL_NAME = env_str("INFERENCE_MODEL_NAME", Path(INFERENCE_MODEL).name)
 INFERENCE_MAX_NUM_SEQS = env_int("INFERENCE_MAX_NUM_SEQS", 16)
 INFERENCE_MAX_MODEL_LEN = env_int("INFERENCE_MAX_MODEL_LEN", 2048)
 INFERENCE_KV_CACHE_GIB = env_int("INFERENCE_KV_CACHE_GIB", 1)

@@ -49,6 +49,7 @@ class AdmissionRefused(Exception):
 class Admission:
     request_id: str
     variant: str
+    model: str
     tier: Tier
     position: int
     predicted_wait_s: float
@@ -147,6 +148,7 @@ def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
     return Admission(
         request_id=request_id,
         variant=job.variant,
+        model=job.model,
         tier=job.tier,
         position=queued.position,
         predicted_wait_s=queued.predicted_wait_s,

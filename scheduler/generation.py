@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from django.conf import settings
-
 
 class Tier(StrEnum):
     """Service tiers, in claim order: VIP first, batch last."""
@@ -52,14 +50,6 @@ class SamplingParams:
     top_p: float
     stop: tuple[str, ...] = ()
 
-    @classmethod
-    def defaults(cls) -> SamplingParams:
-        return cls(
-            max_tokens=settings.GENERATION_MAX_TOKENS,
-            temperature=settings.GENERATION_TEMPERATURE,
-            top_p=settings.GENERATION_TOP_P,
-        )
-
     def to_dict(self) -> dict[str, Any]:
         return {**asdict(self), "stop": list(self.stop)}
 
@@ -84,7 +74,8 @@ class GenerationJob:
     sampling: SamplingParams
     client_id: str  # whose concurrency limit the request counts against
     tier: Tier
-    variant: str
+    variant: str  # which variant's prompt and sampling these are (recorded, counted per variant)
+    model: str  # whose workers answer it: the variant's model, resolved when it was built
     # How long the request may go unwatched before the worker cancels it; None: never (batch).
     disconnect_grace_s: float | None
 
@@ -98,6 +89,7 @@ class GenerationJob:
                 "client_id": self.client_id,
                 "tier": str(self.tier),
                 "variant": self.variant,
+                "model": self.model,
                 "disconnect_grace_s": self.disconnect_grace_s,
             }
         )
@@ -113,6 +105,7 @@ class GenerationJob:
             client_id=data["client_id"],
             tier=Tier(data["tier"]),
             variant=data["variant"],
+            model=data["model"],
             disconnect_grace_s=data["disconnect_grace_s"],
         )
 

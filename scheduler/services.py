@@ -29,7 +29,13 @@ def generation_create(*, job: GenerationJob) -> Generation:
     request (a batch task that died mid-submission) finds the record it made."""
     generation, _ = Generation.objects.get_or_create(
         request_id=job.request_id,
-        defaults={"origin": job.origin, "variant": job.variant, "tier": job.tier, "client_id": job.client_id},
+        defaults={
+            "origin": job.origin,
+            "variant": job.variant,
+            "model": job.model,
+            "tier": job.tier,
+            "client_id": job.client_id,
+        },
     )
     return generation
 

@@ -81,7 +81,7 @@ def test_starting_a_canary_routes_the_first_step_to_the_candidate(staff, live_wo
 
 def test_a_canary_needs_a_live_worker_of_the_candidate_and_no_other_canary(staff):
     heartbeat("stable")
-    with pytest.raises(services.ConsoleError, match="No live worker serves 'candidate'"):
+    with pytest.raises(services.ConsoleError, match="'candidate-model', the model of 'candidate'"):
         _start(staff)
     heartbeat("candidate")
     _start(staff)

@@ -28,12 +28,18 @@ MIN_ANSWERS = 10
 MAX_ERROR_RATE_INCREASE_POINTS = 5
 GUESTS = 4
 AFTER_ROLLBACK_PER_GUEST = 4
+CANDIDATE_ON_ITS_OWN_MODEL = (
+    "from scheduler.models import Variant; "
+    "Variant.objects.filter(name='candidate').update(model='candidate-model')"
+)
 
 
 @pytest.fixture(scope="module")
 def stack():
     for stack in running_stack(CANARY_EVALUATION_S=str(EVALUATION_S)):
-        stack.start_worker(INFERENCE_VARIANT="candidate", SIMULATED_FAILURE_RATE="0.3")
+        # The candidate on a model of its own, whose one worker fails some answers.
+        stack.manage("shell", "-c", CANDIDATE_ON_ITS_OWN_MODEL)
+        stack.start_worker(INFERENCE_MODEL_NAME="candidate-model", SIMULATED_FAILURE_RATE="0.3")
         stack.start_celery()
         yield stack
 

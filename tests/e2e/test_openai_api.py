@@ -13,6 +13,7 @@ import redis
 
 from scheduler import keys
 from tests.e2e.conftest import running_stack
+from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -125,7 +126,7 @@ def test_a_client_that_drops_a_stream_cancels_its_generation(stack, vip_key):
     deadline = time.monotonic() + 15
     done = None
     while done is None and time.monotonic() < deadline:
-        events = results.xrange(keys.result("stable", request_id))
+        events = results.xrange(keys.result(MODEL, request_id))
         done = next((json.loads(f["data"]) for _, f in events if f["type"] == "done"), None)
         time.sleep(0.2)
     assert done is not None, "the generation did not end"
