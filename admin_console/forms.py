@@ -51,6 +51,18 @@ class VariantForm(forms.ModelForm):
             del self.fields["name"]  # the canary, records and metrics know a variant by its name
 
 
+class AnswerPinForm(forms.Form):
+    variant = forms.ChoiceField(label="Variant")
+    question = forms.CharField(label="Question", max_length=500)
+    answer = forms.CharField(
+        label="Approved answer", widget=forms.Textarea(attrs={"rows": 4}), max_length=4000
+    )
+
+    def __init__(self, *args: Any, variants: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["variant"].choices = [(name, name) for name in variants]
+
+
 def _whole_numbers(text: str, what: str) -> list[int]:
     """ "5, 20, 50, 100" or "5 → 20 → 50 → 100" -> [5, 20, 50, 100]."""
     parts = [part for part in re.split(r"[\s,;→>]+", text) if part]

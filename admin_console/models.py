@@ -19,6 +19,8 @@ class AuditLog(models.Model):
         POLICY_UPDATE = "policy.update", "Rate-limit policy changed"
         VARIANT_CREATE = "variant.create", "Model variant added"
         VARIANT_UPDATE = "variant.update", "Model variant changed"
+        ANSWER_PIN = "answer.pin", "Answer pinned"
+        ANSWER_UNPIN = "answer.unpin", "Pinned answer removed"
         CANARY_START = "canary.start", "Canary started"
         CANARY_SPLIT = "canary.split", "Canary split changed"
         CANARY_PROMOTE = "canary.promote", "Canary promoted"

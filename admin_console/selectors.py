@@ -12,9 +12,10 @@ from django.utils import timezone
 
 from admin_console.models import AuditLog, CanaryRollout
 from chat.models import Message
+from knowledge.models import CachedAnswer
 from scheduler import keys, timeseries
 from scheduler.autoscale import workers_desired
-from scheduler.models import CanaryRouting, Generation, TierPolicy, Variant
+from scheduler.models import CacheResult, CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.queues import queue_state
 from scheduler.routing import variant_models
 from scheduler.warmpool import warm_spares
@@ -360,6 +361,46 @@ def canary_overview() -> CanaryOverview:
         next_step_at=next_step_at,
         workers_by_variant={name: workers[model] for name, model in sorted(model_of.items())},
     )
+
+
+@dataclass(frozen=True, slots=True)
+class CacheFigures:
+    """The result cache over the live window, from the generation records (every web process)."""
+
+    lookups: int
+    hits: dict[str, int]  # exact, semantic, pinned
+    hit_rate: float | None  # 0..1; None without lookups
+    saved_engine_s: float
+    lookup_p50_ms: float | None
+    lookup_p95_ms: float | None
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(share * len(ordered)))], 2)
+
+
+def cache_figures(*, window_s: float = LIVE_WINDOW_S) -> CacheFigures:
+    since = timezone.now() - timedelta(seconds=window_s)
+    looked_up = Generation.objects.filter(created_at__gte=since).exclude(cache="")
+    rows = list(looked_up.values_list("cache", "cache_lookup_ms", "saved_engine_ms"))
+    hits = Counter(result for result, _, _ in rows if result != CacheResult.MISS.value)
+    return CacheFigures(
+        lookups=len(rows),
+        hits={
+            result: hits[result] for result in (CacheResult.EXACT, CacheResult.SEMANTIC, CacheResult.PINNED)
+        },
+        hit_rate=round(hits.total() / len(rows), 3) if rows else None,
+        saved_engine_s=round(sum(saved or 0.0 for _, _, saved in rows) / 1000, 1),
+        lookup_p50_ms=_percentile([ms for _, ms, _ in rows if ms is not None], 0.5),
+        lookup_p95_ms=_percentile([ms for _, ms, _ in rows if ms is not None], 0.95),
+    )
+
+
+def pinned_answers() -> QuerySet[CachedAnswer]:
+    return CachedAnswer.objects.exclude(pinned_answer="").order_by("variant", "question")
 
 
 def variants() -> QuerySet[Variant]:

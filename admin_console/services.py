@@ -1,5 +1,5 @@
-"""Writes for the console: rate-limit policies, model variants, the canary, worker drains, API
-keys, help articles.
+"""Writes for the console: rate-limit policies, model variants, pinned answers, the canary,
+worker drains, API keys, help articles.
 
 Every change lands in the audit log (who, when, before, after) and reaches the scheduler's
 Redis mirror right after it commits, so it applies within a second without a restart.
@@ -21,8 +21,10 @@ from api import keys as api_keys
 from api.keys import IssuedApiKey
 from api.models import ApiKey
 from chat.models import User
+from knowledge import cache as answer_cache
+from knowledge import selectors as knowledge_selectors
 from knowledge import services as knowledge_services
-from knowledge.models import Article
+from knowledge.models import Article, CachedAnswer
 from scheduler import control
 from scheduler.models import CanaryRouting, TierPolicy, Variant, WarmPool
 from scheduler.policy import policies_mirror
@@ -135,6 +137,48 @@ def variant_update(*, actor: User, name: str, changes: dict[str, Any]) -> Varian
         variant.save()
         _audit(actor=actor, action=AuditLog.Action.VARIANT_UPDATE, target=name, before=before, after=after)
     return variant
+
+
+# --- result cache ---------------------------------------------------------------------------------
+
+
+def cached_answer_pin(*, actor: User, variant: str, question: str, answer: str) -> CachedAnswer:
+    """Serve `answer` to `question` (and its paraphrases) in chat on `variant`, whatever the
+    help center says, until unpinned. Raises ConsoleError (no such variant, or the text holds
+    personal data, which the cache never serves)."""
+    question, answer = question.strip(), answer.strip()
+    target = Variant.objects.filter(name=variant).first()
+    if target is None:
+        raise ConsoleError(f"There is no variant {variant!r}.")
+    if answer_cache.personal_data_found(question) or answer_cache.personal_data_found(answer):
+        raise ConsoleError("The cache never serves personal data: leave out emails, numbers and codes.")
+    try:
+        vector = knowledge_selectors.question_vector(question)
+    except knowledge_selectors.EmbedderUnavailable as exc:
+        raise ConsoleError("The embedding model is not prepared: run `manage.py prepare_embedder`.") from exc
+    with transaction.atomic():
+        entry = answer_cache.answer_pin(
+            variant=target, question=question, answer=answer, pinned_by=actor.get_username(), vector=vector
+        )
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.ANSWER_PIN,
+            target=variant,
+            before=None,
+            after={"question": question, "answer": answer},
+        )
+    return entry
+
+
+def cached_answer_unpin(*, actor: User, entry_id: int) -> None:
+    """Stop serving a pinned answer. Raises CachedAnswer.DoesNotExist."""
+    with transaction.atomic():
+        entry = CachedAnswer.objects.exclude(pinned_answer="").get(pk=entry_id)
+        before = {"question": entry.question, "answer": entry.pinned_answer}
+        entry.delete()
+        _audit(
+            actor=actor, action=AuditLog.Action.ANSWER_UNPIN, target=entry.variant, before=before, after=None
+        )
 
 
 # --- canary -----------------------------------------------------------------------------------------

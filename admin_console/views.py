@@ -14,6 +14,7 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from admin_console import selectors, services
 from admin_console.access import staff_required
 from admin_console.forms import (
+    AnswerPinForm,
     ApiKeyCreateForm,
     ArticleForm,
     CanarySplitForm,
@@ -27,7 +28,7 @@ from api.keys import IssuedApiKey
 from api.models import ApiKey
 from knowledge import selectors as knowledge_selectors
 from knowledge.embedding import EmbedderUnavailable
-from knowledge.models import Article
+from knowledge.models import Article, CachedAnswer
 from scheduler.models import TierPolicy, Variant
 
 
@@ -144,6 +145,54 @@ def variant_update(request: HttpRequest, name: str) -> HttpResponse:
         return _variants_page(request, bound=form, status=400)
     messages.success(request, f"Variant {name} saved: the next questions routed to it are asked this way.")
     return redirect("console:variants")
+
+
+# --- result cache -----------------------------------------------------------------------------
+
+
+def _variant_names() -> list[str]:
+    return list(selectors.variants().values_list("name", flat=True))
+
+
+def _cache_page(request: HttpRequest, form: AnswerPinForm | None = None, status: int = 200) -> HttpResponse:
+    context = {
+        "figures": selectors.cache_figures(),
+        "pinned": selectors.pinned_answers(),
+        "form": form or AnswerPinForm(variants=_variant_names()),
+    }
+    return _render(request, "admin_console/cache.html", "cache", context, status=status)
+
+
+@require_GET
+@staff_required
+def cache(request: HttpRequest) -> HttpResponse:
+    return _cache_page(request)
+
+
+@require_POST
+@staff_required
+def answer_pin(request: HttpRequest) -> HttpResponse:
+    form = AnswerPinForm(request.POST, variants=_variant_names())
+    if not form.is_valid():
+        return _cache_page(request, form, status=400)
+    try:
+        services.cached_answer_pin(actor=request.user, **form.cleaned_data)
+    except services.ConsoleError as exc:
+        form.add_error(None, str(exc))
+        return _cache_page(request, form, status=400)
+    messages.success(request, "Answer pinned: it is served to the question and its paraphrases.")
+    return redirect("console:cache")
+
+
+@require_POST
+@staff_required
+def answer_unpin(request: HttpRequest, entry_id: int) -> HttpResponse:
+    try:
+        services.cached_answer_unpin(actor=request.user, entry_id=entry_id)
+    except CachedAnswer.DoesNotExist as exc:
+        raise Http404("No such pinned answer.") from exc
+    messages.success(request, "Pinned answer removed.")
+    return redirect("console:cache")
 
 
 # --- rate limits -------------------------------------------------------------------------------

@@ -18,19 +18,24 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from api.models import ApiKey
 from api.openai_shapes import ApiError, ChatRequest, ChunkHeader, completion_id, completion_object
 from chat.sse import sse_comment, sse_data
+from knowledge import cache as answer_cache
+from knowledge import selectors as knowledge_selectors
 from scheduler import control
-from scheduler.admission import request_submit
+from scheduler.admission import request_answer_cached, request_submit
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier
+from scheduler.models import CacheResult, Variant
 from scheduler.policy import tier_policy
 from scheduler.results import result_follower
 from scheduler.routing import variant_for_conversation
 from scheduler.rules import answer_wait_limit_s
+from scheduler.services import generation_cache_note
 
 # An answer that expired in the queue met a long queue moments ago: give it time to drain.
 EXPIRED_RETRY_AFTER_S = 10
@@ -45,24 +50,61 @@ class SubmittedCompletion:
     wait_limit_s: float  # the longest the caller waits for the end of the answer
 
 
+def _cache_lookup(
+    *, api_key: ApiKey, request: ChatRequest, variant: Variant
+) -> tuple[answer_cache.Lookup, str, np.ndarray] | None:
+    """A one-question call (a single user message) is a first turn the result cache may answer;
+    (the lookup, its context, the question's vector), or None when it may not be looked up."""
+    if not settings.ANSWER_CACHE_ENABLED or [m["role"] for m in request.messages] != ["user"]:
+        return None
+    question = request.messages[0]["content"]
+    if answer_cache.personal_data_found(question, names=answer_cache.account_names(api_key.owner)):
+        return None
+    try:
+        vector = knowledge_selectors.question_vector(question)
+    except knowledge_selectors.EmbedderUnavailable:
+        return None
+    context = answer_cache.api_context(variant, request.sampling_params())
+    lookup = answer_cache.answer_lookup(
+        variant=variant.name, context=context, question=question, vector=vector
+    )
+    return lookup, context, vector
+
+
 def completion_submit(*, api_key: ApiKey, request: ChatRequest) -> SubmittedCompletion:
-    """Admit the request under the key's tier and limits; raises AdmissionRefused."""
+    """Admit the request under the key's tier and limits, or answer it from the result cache;
+    raises AdmissionRefused."""
     request_id = str(uuid.uuid4())
     variant = variant_for_conversation(conversation_id=completion_id(request_id))
     tier = Tier(api_key.effective_tier)
-    request_submit(
-        job=GenerationJob(
-            request_id=request_id,
-            origin=Origin.API,
-            messages=request.messages,
-            sampling=request.sampling_params(),
-            client_id=api_key.client_id,
-            tier=tier,
-            variant=variant.name,
-            model=variant.model,
-            disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
-        )
+    job = GenerationJob(
+        request_id=request_id,
+        origin=Origin.API,
+        messages=request.messages,
+        sampling=request.sampling_params(),
+        client_id=api_key.client_id,
+        tier=tier,
+        variant=variant.name,
+        model=variant.model,
+        disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
     )
+    cached = _cache_lookup(api_key=api_key, request=request, variant=variant)
+    if cached is not None and cached[0].answer is not None:
+        request_answer_cached(job=job, answer=cached[0].answer)
+    else:
+        request_submit(job=job)
+    if cached is not None and cached[0].answer is None:
+        lookup, context, vector = cached
+        generation_cache_note(request_id=request_id, result=CacheResult.MISS, lookup_ms=lookup.lookup_ms)
+        answer_cache.answer_remember(
+            variant=variant.name,
+            context=context,
+            question=request.messages[0]["content"],
+            vector=vector,
+            kb_version=knowledge_selectors.knowledge_base_version(),
+            source_slugs=[],
+            request_id=request_id,
+        )
     return SubmittedCompletion(
         request_id=request_id,
         variant=variant.name,

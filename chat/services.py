@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID
 
+import numpy as np
 from django.conf import settings
 from django.contrib.sessions.models import Session
 from django.db import IntegrityError, transaction
@@ -17,12 +18,14 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 from chat.models import Conversation, Message, User
+from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
 from scheduler import control
-from scheduler.admission import Admission, request_submit
+from scheduler.admission import Admission, request_answer_cached, request_submit
 from scheduler.generation import GenerationJob, Origin, Tier
-from scheduler.models import Generation, Variant
+from scheduler.models import CacheResult, Generation, Variant
 from scheduler.routing import variant_for_conversation
+from scheduler.services import generation_cache_note
 
 logger = logging.getLogger(__name__)
 
@@ -108,34 +111,50 @@ NO_HELP_CENTER_MATCH_PROMPT = (
 )
 
 
-def _help_center_prompt(variant: Variant, text: str) -> tuple[str, int, list[dict[str, str]]]:
-    """(system prompt, characters of excerpts in it, sources quoted) for the customer's message,
-    in the variant's words; a variant with the help center off gets its own prompt alone."""
-    if not variant.knowledge:
-        return variant.system_prompt, 0, []
-    try:
-        found = knowledge_selectors.help_center_excerpts(question=text)
-    except knowledge_selectors.EmbedderUnavailable:
-        logger.warning("Answering without the help center: its embedding model is not prepared")
-        return variant.system_prompt, 0, []
+@dataclass(frozen=True, slots=True)
+class _HelpCenterPrompt:
+    system_prompt: str
+    excerpt_chars: int
+    sources: list[dict[str, str]]
+    kb_version: int | None  # the knowledge base searched; None: not searched
+
+
+def _help_center_prompt(variant: Variant, text: str, vector: np.ndarray | None) -> _HelpCenterPrompt:
+    """The system prompt for the customer's message in the variant's words, with the help
+    center's excerpts; a variant with the help center off gets its own prompt alone."""
+    if not variant.knowledge or vector is None:
+        return _HelpCenterPrompt(variant.system_prompt, 0, [], None)
+    found = knowledge_selectors.help_center_excerpts(question=text, vector=vector)
     if not found.excerpts:
-        return f"{variant.system_prompt}\n\n{NO_HELP_CENTER_MATCH_PROMPT}", 0, []
+        no_match = f"{variant.system_prompt}\n\n{NO_HELP_CENTER_MATCH_PROMPT}"
+        return _HelpCenterPrompt(no_match, 0, [], found.version)
     excerpts = "\n\n".join(
         f"## {excerpt.source.title}{f' / {excerpt.heading}' if excerpt.heading else ''}\n{excerpt.text}"
         for excerpt in found.excerpts
     )
-    prompt = f"{variant.system_prompt}\n\n{HELP_CENTER_PROMPT.format(excerpts=excerpts)}"
-    excerpt_chars = sum(len(excerpt.text) for excerpt in found.excerpts)
-    return prompt, excerpt_chars, [source.as_dict() for source in found.sources]
+    return _HelpCenterPrompt(
+        system_prompt=f"{variant.system_prompt}\n\n{HELP_CENTER_PROMPT.format(excerpts=excerpts)}",
+        excerpt_chars=sum(len(excerpt.text) for excerpt in found.excerpts),
+        sources=[source.as_dict() for source in found.sources],
+        kb_version=found.version,
+    )
+
+
+def _question_vector(text: str) -> np.ndarray | None:
+    try:
+        return knowledge_selectors.question_vector(text)
+    except knowledge_selectors.EmbedderUnavailable:
+        logger.warning("Answering without the help center: its embedding model is not prepared")
+        return None
 
 
 def _prompt_messages(
-    conversation: Conversation, variant: Variant, text: str
-) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
+    conversation: Conversation, text: str, help_center: _HelpCenterPrompt
+) -> list[dict[str, str]]:
     """The system prompt with the help center's excerpts on the message, as much recent history
     as fits the room the excerpts leave, then the new message: the prompt must leave room for
-    the answer inside the model's context. Also returns the articles quoted."""
-    system_prompt, excerpt_chars, sources = _help_center_prompt(variant, text)
+    the answer inside the model's context."""
+    system_prompt, excerpt_chars = help_center.system_prompt, help_center.excerpt_chars
     recent = (
         conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
         .annotate(text=Coalesce("generation__text", "content"))
@@ -151,8 +170,7 @@ def _prompt_messages(
             break
         history.append({"role": message["role"], "content": message["text"]})
     history.reverse()
-    messages = [{"role": "system", "content": system_prompt}, *history, {"role": "user", "content": text}]
-    return messages, sources
+    return [{"role": "system", "content": system_prompt}, *history, {"role": "user", "content": text}]
 
 
 def message_post(
@@ -166,6 +184,9 @@ def message_post(
     """Persist the user's message and queue its answer; a new conversation (conversation_new)
     is saved with it.
 
+    A first message may be answered from the result cache (knowledge.cache) instead: the same
+    record, messages and stream, with no queue and no worker.
+
     Raises MessageRejected, ConversationBusy, or scheduler.admission.AdmissionRefused; on any
     refusal nothing of this message stays behind, nor a conversation saved for it.
     """
@@ -173,6 +194,15 @@ def message_post(
     request_id = uuid.uuid4()
     variant = variant_for_conversation(conversation_id=str(conversation.pk))
     is_new = conversation._state.adding
+    first_turn = is_new or not conversation.messages.exists()
+    vector = _question_vector(text) if variant.knowledge or settings.ANSWER_CACHE_ENABLED else None
+    cacheable = (
+        settings.ANSWER_CACHE_ENABLED
+        and first_turn
+        and vector is not None
+        and not answer_cache.personal_data_found(text, names=answer_cache.account_names(conversation.owner))
+    )
+    context = answer_cache.chat_context(variant) if cacheable else ""
     if is_new:
         _conversation_insert(conversation)
     with transaction.atomic():
@@ -182,7 +212,16 @@ def message_post(
         Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).exists()
         if _unfinished_answers(conversation).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
-        messages, sources = _prompt_messages(conversation, variant, text)
+        lookup = None
+        if cacheable:
+            lookup = answer_cache.answer_lookup(
+                variant=variant.name, context=context, question=text, vector=vector
+            )
+        if lookup is not None and lookup.answer is not None:
+            help_center, messages, sources = None, [{"role": "user", "content": text}], lookup.sources
+        else:
+            help_center = _help_center_prompt(variant, text, vector)
+            messages, sources = _prompt_messages(conversation, text, help_center), help_center.sources
         job = GenerationJob(
             request_id=str(request_id),
             origin=Origin.CHAT,
@@ -203,12 +242,27 @@ def message_post(
         )
         Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
     try:
-        admission = request_submit(job=job, client_address=client_address)
+        if lookup is not None and lookup.answer is not None:
+            admission = request_answer_cached(job=job, answer=lookup.answer, client_address=client_address)
+        else:
+            admission = request_submit(job=job, client_address=client_address)
     except Exception:
         Message.objects.filter(pk__in=[user_message.pk, assistant_message.pk]).delete()
         if is_new:
             conversation.delete()
         raise
+    if lookup is not None and lookup.answer is None and help_center is not None:
+        generation_cache_note(request_id=job.request_id, result=CacheResult.MISS, lookup_ms=lookup.lookup_ms)
+        kb_version = help_center.kb_version
+        answer_cache.answer_remember(
+            variant=variant.name,
+            context=context,
+            question=text,
+            vector=vector,
+            kb_version=knowledge_selectors.knowledge_base_version() if kb_version is None else kb_version,
+            source_slugs=[source["slug"] for source in sources],
+            request_id=job.request_id,
+        )
     return PostedMessage(user_message, assistant_message, admission)
 
 
@@ -229,11 +283,14 @@ def request_cancel(*, message: Message) -> bool:
 
 
 def message_feedback_set(*, message: Message, feedback: Message.Feedback) -> Message:
-    """Record the asker's thumbs up or down on an answer; a second vote replaces the first."""
+    """Record the asker's thumbs up or down on an answer; a second vote replaces the first. An
+    answer rated down is never served from the result cache again."""
     if message.role != Message.Role.ASSISTANT or message.generation.status != Generation.Status.DONE:
         raise FeedbackRejected("Only a finished answer can be rated.")
     message.feedback = feedback
     message.save(update_fields=["feedback"])
+    if feedback == Message.Feedback.DOWN:
+        answer_cache.answer_forget(request_id=str(message.generation_id))
     return message
 
 

@@ -228,6 +228,12 @@ KNOWLEDGE_MAX_EXCERPTS = env_int("KNOWLEDGE_MAX_EXCERPTS", 3)
 # Excerpts take their room from CHAT_HISTORY_MAX_CHARS, so the prompt's size stays the same.
 KNOWLEDGE_PROMPT_MAX_CHARS = env_int("KNOWLEDGE_PROMPT_MAX_CHARS", 1200)
 GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
+# The result cache (knowledge/cache.py): first-turn questions answered again from an earlier
+# good answer, without a GPU slot. A paraphrase matches at this cosine similarity or more:
+# all-MiniLM-L6-v2 scored near-misses (refund vs return policy, cancel vs change an order) up
+# to 0.79 and close paraphrases from 0.92 (docs/BENCHMARKS.md, "Result cache").
+ANSWER_CACHE_ENABLED = env_bool("ANSWER_CACHE_ENABLED", True)
+ANSWER_CACHE_MIN_SIMILARITY = env_float("ANSWER_CACHE_MIN_SIMILARITY", 0.88)
 
 # --- generation and streaming -------------------------------------------------------------
 GENERATION_MAX_TOKENS = env_int("GENERATION_MAX_TOKENS", 256)

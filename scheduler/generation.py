@@ -162,12 +162,14 @@ class Reset:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """The answer ended normally; `finish_reason` "cancelled" when it was stopped."""
+    """The answer ended normally; `finish_reason` "cancelled" when it was stopped. `cached`:
+    the answer came from the result cache (knowledge.cache), not from a worker."""
 
     type: ClassVar[str] = "done"
     finish_reason: str
     usage: Usage = field(default_factory=Usage)
     timings: Timings | None = None
+    cached: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,6 +192,7 @@ def event_data(body: EventBody) -> dict[str, Any]:
             "finish_reason": body.finish_reason,
             "usage": asdict(body.usage),
             "timings": asdict(body.timings) if body.timings is not None else {},
+            "cached": body.cached,
         }
     return asdict(body)
 
@@ -219,6 +222,7 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
             finish_reason=data["finish_reason"],
             usage=Usage(**(data.get("usage") or {})),
             timings=Timings(**timings) if timings else None,
+            cached=bool(data.get("cached", False)),
         )
     if kind == Error.type:
         return Error(code=data["code"], message=data["message"])

@@ -147,6 +147,13 @@ class WarmPool(models.Model):
         return pool
 
 
+class CacheResult(models.TextChoices):
+    MISS = "miss", "Miss"
+    EXACT = "exact", "Exact match"
+    SEMANTIC = "semantic", "Semantic match"
+    PINNED = "pinned", "Pinned answer"
+
+
 class Generation(models.Model):
     """One generation request, whatever door it came in by (chat, API, batch): created when it
     is admitted, finished once by its worker (scheduler.services.generation_finish). Chat
@@ -175,6 +182,12 @@ class Generation(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
     engine = models.CharField(max_length=128, blank=True)  # e.g. "simulated", "vllm:SmolLM2-..."
+    # The result cache's verdict on a request it looked up (blank: not looked up, e.g. a later
+    # turn or a question with personal data), how long the lookup took, and for a hit the
+    # engine time of the answer it served instead of generating one.
+    cache = models.CharField(max_length=16, choices=CacheResult.choices, blank=True)
+    cache_lookup_ms = models.FloatField(null=True, blank=True)
+    saved_engine_ms = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -182,6 +195,8 @@ class Generation(models.Model):
         indexes = [
             # The canary's per-variant numbers over a recent window.
             models.Index(fields=["variant", "finished_at"]),
+            # The console's cache figures over a recent window.
+            models.Index(fields=["created_at", "cache"]),
         ]
 
     def __str__(self) -> str:

@@ -40,6 +40,12 @@ def generation_create(*, job: GenerationJob) -> Generation:
     return generation
 
 
+def generation_cache_note(*, request_id: str, result: str, lookup_ms: float) -> None:
+    """Record that the result cache looked this request up and missed (a hit is recorded
+    whole by admission.request_answer_cached)."""
+    Generation.objects.filter(request_id=request_id).update(cache=result, cache_lookup_ms=lookup_ms)
+
+
 def generation_discard(*, request_id: str) -> None:
     """Forget a request that was not admitted."""
     Generation.objects.filter(request_id=request_id, status=Generation.Status.PENDING).delete()
