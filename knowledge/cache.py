@@ -17,7 +17,9 @@ What is looked up, stored and served:
   the API: the model and the caller's sampling). Editing a variant starts a fresh cache.
 - A match is exact (the normalised text's hash) or semantic (cosine similarity of the
   question embeddings at least ANSWER_CACHE_MIN_SIMILARITY, chosen on paraphrase and
-  near-miss pairs: docs/BENCHMARKS.md); pinned answers go first, then exact, then semantic.
+  near-miss pairs: docs/BENCHMARKS.md, and the same numbers in both: sentence embeddings
+  barely tell "question 1" from "question 2" or 3 items from 5); pinned answers go first, then
+  exact, then semantic.
 - Served only if its generation finished well (done, stopped by the model, not rated down),
   from the knowledge-base version in force; an entry whose answer failed is dropped.
 
@@ -63,6 +65,7 @@ _PHONE = re.compile(r"\+?\d(?:[\s().-]*\d){6,}")
 _LONG_NUMBER = re.compile(r"\d{4,}")
 _CODE = re.compile(r"\b(?=[a-z]*\d)(?=\d*[a-z])[a-z0-9-]{5,}\b", re.IGNORECASE)
 _WORD = re.compile(r"\w+")
+_NUMBER = re.compile(r"\d+")
 
 
 def personal_data_found(text: str, *, names: Iterable[str] = ()) -> bool:
@@ -241,14 +244,20 @@ def _candidates(shelf: _Shelf, digest: str, vector: np.ndarray) -> list[tuple[in
     return [(i, kind) for i, kind in found if not (i in seen or seen.add(i))]
 
 
+def _numbers(text: str) -> list[str]:
+    return sorted(_NUMBER.findall(text))
+
+
 def _servable(
-    entries: dict[int, CachedAnswer], candidates: list[tuple[int, str]]
+    entries: dict[int, CachedAnswer], candidates: list[tuple[int, str]], question: str
 ) -> tuple[CachedAnswer, str] | None:
     """The first candidate that may be served, and how it matched."""
     for entry_id, kind in candidates:
         entry = entries.get(entry_id)
         if entry is None:
             continue
+        if kind != CacheResult.EXACT and _numbers(entry.question) != _numbers(question):
+            continue  # a paraphrase asks about the same numbers, or it is another question
         if entry.pinned:
             return entry, kind
         generation = entry.generation
@@ -276,7 +285,7 @@ def answer_lookup(*, variant: str, context: str, question: str, vector: np.ndarr
         candidates = _candidates(shelf, question_hash(question), vector)
         if candidates:
             entries = CachedAnswer.objects.select_related("generation").in_bulk([i for i, _ in candidates])
-            found = _servable(entries, candidates)
+            found = _servable(entries, candidates, question)
     lookup_ms = round((time.perf_counter() - started) * 1000, 3)
     if found is None:
         cache_metrics.lookup_observe(

@@ -41,9 +41,9 @@ def _client(stack, key: str, **options) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.base_url + "/v1", api_key=key, max_retries=0, **options)
 
 
-def test_models_list_names_the_variant_the_worker_serves(stack, vip_key):
+def test_models_list_names_the_variants_of_the_model_the_worker_serves(stack, vip_key):
     models = _client(stack, vip_key).models.list()
-    assert [(m.id, m.owned_by) for m in models.data] == [("stable", "simulated")]
+    assert [(m.id, m.owned_by) for m in models.data] == [("candidate", "simulated"), ("stable", "simulated")]
 
 
 def test_a_completion_returns_the_answer_with_usage_and_finish_reason(stack, vip_key):

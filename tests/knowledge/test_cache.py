@@ -106,6 +106,13 @@ def test_a_paraphrase_is_a_semantic_hit_and_a_near_miss_is_not(alice, articles):
     assert Generation.objects.get(request_id=near_miss["request_id"]).cache == "miss"
 
 
+def test_a_paraphrase_about_other_numbers_is_another_question(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "Can I return 2 items at once?"), "Yes, up to 5 per parcel.")
+    other = _ask(client, alice, "Can I return 3 items at once?")
+    assert Generation.objects.get(request_id=other["request_id"]).cache == "miss"
+
+
 def test_an_answer_still_being_written_or_failed_is_not_served(alice, articles):
     client = _signed_in(alice)
     first = _ask(client, alice, "Do gift cards expire?")
