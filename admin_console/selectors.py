@@ -224,8 +224,11 @@ class VariantStats:
 def variant_stats(*, variant: str, since: datetime) -> VariantStats:
     """Every generation of the variant, whatever its origin (chat, API, batch); votes come from
     chat answers. TTFT is read as the dashboard reads it: every answer that wrote a token,
-    through the same bins and percentile."""
-    ended = Generation.objects.filter(variant=variant, finished_at__gte=since)
+    through the same bins and percentile. Answers served from the result cache are left out:
+    the variant's model did not write them then, and their TTFT is a lookup's."""
+    ended = Generation.objects.filter(variant=variant, finished_at__gte=since).exclude(
+        cache__in=[CacheResult.EXACT, CacheResult.SEMANTIC, CacheResult.PINNED]
+    )
     counts = ended.filter(status__in=[Generation.Status.DONE, Generation.Status.ERROR]).aggregate(
         answers=Count("pk"),
         errors=Count("pk", filter=Q(status=Generation.Status.ERROR)),

@@ -10,7 +10,7 @@ from django.urls import resolve
 from admin_console import urls as console_urls
 from admin_console.models import AuditLog, CanaryRollout
 from chat.models import User
-from knowledge.models import Article
+from knowledge.models import Article, CachedAnswer
 from scheduler.models import TierPolicy, Variant
 from scheduler.queues import job_enqueue
 from scheduler.routing import canary_split
@@ -353,3 +353,22 @@ def test_an_article_with_a_slug_in_use_or_no_text_is_refused_with_a_reason(clien
     assert response.status_code == 400
     assert Article.objects.count() == 1
     assert AuditLog.objects.filter(action="article.create").count() == 1
+
+
+def test_the_cache_page_shows_the_figures_and_pinned_answers_are_removed_with_an_audit(client_staff):
+    page = client_staff.get("/console/cache")
+    assert page.status_code == 200 and b"Engine time saved" in page.content
+    refused = client_staff.post(
+        "/console/cache/pin", {"variant": "stable", "question": "Where is order 55123?", "answer": "Here."}
+    )
+    assert refused.status_code == 400
+    assert b"never serves personal data" in refused.content
+    pinned = client_staff.post(
+        "/console/cache/pin",
+        {"variant": "stable", "question": "Do you ship abroad?", "answer": "Yes, to the EU."},
+    )
+    assert pinned.status_code == 302
+    (entry,) = CachedAnswer.objects.all()
+    assert client_staff.post(f"/console/cache/{entry.pk}/unpin").status_code == 302
+    assert not CachedAnswer.objects.exists()
+    assert list(AuditLog.objects.values_list("action", flat=True)) == ["answer.unpin", "answer.pin"]
