@@ -92,7 +92,8 @@ def main() -> None:
             f"{report['entries']} cached questions, {report['queries']} misses: "
             f"lookup p50 {chat['p50']:.3f} ms, p99 {chat['p99']:.3f} ms, max {chat['max']:.3f} ms; "
             "with the question's embedding (API) "
-            f"p50 {api['p50']:.2f} ms, p99 {api['p99']:.2f} ms"
+            f"p50 {api['p50']:.2f} ms, p99 {api['p99']:.2f} ms; remembering the question "
+            f"p50 {report['miss_remember_ms']['p50']:.2f} ms, p99 {report['miss_remember_ms']['p99']:.2f} ms"
         )
         similarity = report["similarity"]
         for threshold, row in similarity["by_threshold"].items():
