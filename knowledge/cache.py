@@ -123,14 +123,27 @@ def api_context(variant: Variant, sampling: SamplingParams) -> str:
 
 @dataclass
 class _Shelf:
-    """The entries of one (variant, context): exact hashes and a matrix of question vectors."""
+    """The entries of one (variant, context): exact hashes and a matrix of question vectors,
+    grown in place (capacity doubles) so that an entry added costs no copy of the others."""
 
     ids: list[int] = field(default_factory=list)
-    rows: list[np.ndarray] = field(default_factory=list)
-    matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, EMBEDDING_DIM), dtype=np.float32))
+    buffer: np.ndarray = field(default_factory=lambda: np.zeros((64, EMBEDDING_DIM), dtype=np.float32))
+    count: int = 0
     by_hash: dict[str, list[int]] = field(default_factory=dict)
     pinned: set[int] = field(default_factory=set)
-    stale: bool = False  # rows were added since the matrix was stacked
+
+    @property
+    def matrix(self) -> np.ndarray:
+        return self.buffer[: self.count]
+
+    def append(self, entry_id: int, vector: np.ndarray) -> None:
+        if self.count == len(self.buffer):
+            grown = np.zeros((2 * len(self.buffer), EMBEDDING_DIM), dtype=np.float32)
+            grown[: self.count] = self.buffer
+            self.buffer = grown
+        self.buffer[self.count] = vector
+        self.ids.append(entry_id)
+        self.count += 1
 
 
 class _CacheIndex:
@@ -158,13 +171,7 @@ class _CacheIndex:
                 if now - self._checked_at >= CHECK_S:
                     self._refresh()
                     self._checked_at = time.monotonic()
-        shelf = self._shelves.get((variant, context))
-        if shelf is not None and shelf.stale:
-            with self._lock:
-                if shelf.stale:
-                    shelf.matrix = np.vstack(shelf.rows) if shelf.rows else shelf.matrix
-                    shelf.stale = False
-        return shelf
+        return self._shelves.get((variant, context))
 
     def _refresh(self) -> None:
         version = knowledge_base_version()
@@ -187,12 +194,10 @@ class _CacheIndex:
             return
         self._known.add(entry_id)
         shelf = self._shelves.setdefault(key, _Shelf())
-        shelf.ids.append(entry_id)
-        shelf.rows.append(np.frombuffer(embedding, dtype="<f4").copy())
+        shelf.append(entry_id, np.frombuffer(embedding, dtype="<f4"))
         shelf.by_hash.setdefault(digest, []).append(entry_id)
         if pinned:
             shelf.pinned.add(entry_id)
-        shelf.stale = True
 
     def add_own(self, entry: CachedAnswer, vector: np.ndarray) -> None:
         """An entry this process just stored: matched here at once, without waiting a check."""
@@ -229,9 +234,10 @@ def _candidates(shelf: _Shelf, digest: str, vector: np.ndarray) -> list[tuple[in
     exact = shelf.by_hash.get(digest, [])
     found += [(i, CacheResult.PINNED) for i in exact if i in shelf.pinned]
     found += [(i, CacheResult.EXACT) for i in exact if i not in shelf.pinned]
-    if len(shelf.matrix):
+    matrix = shelf.matrix  # this view's rows stay valid while entries are appended
+    if len(matrix):
         # einsum's own loop, not BLAS, as in the retrieval index (knowledge/index.py).
-        scores = np.einsum("ij,j->i", shelf.matrix, vector)
+        scores = np.einsum("ij,j->i", matrix, vector)
         count = min(SEMANTIC_CANDIDATES, len(scores))
         best = np.argpartition(scores, -count)[-count:]
         for row in best[np.argsort(scores[best])[::-1]]:
