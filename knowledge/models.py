@@ -1,5 +1,6 @@
-"""The help center: articles in Markdown, their chunks with embeddings, and one version number
-that every edit raises (the retrieval index and, later, cached answers key on it)."""
+"""The help center: articles in Markdown, their chunks with embeddings, one version number that
+every edit raises (the retrieval index and the cached answers key on it), and the result
+cache's entries."""
 
 from __future__ import annotations
 
