@@ -387,5 +387,7 @@ def answers_invalidate(*, article: Article, new_version: int, added: bool) -> in
     _, deleted = CachedAnswer.objects.filter(pk__in=doomed).delete()
     dropped = deleted.get(CachedAnswer._meta.label, 0)
     CachedAnswer.objects.filter(pinned_answer="", kb_version=new_version - 1).update(kb_version=new_version)
+    # Entries of older versions (a question remembered while an article changed) never answer.
+    CachedAnswer.objects.filter(pinned_answer="", kb_version__lt=new_version).delete()
     transaction.on_commit(_index.forget)
     return dropped
