@@ -290,8 +290,24 @@ def message_feedback_set(*, message: Message, feedback: Message.Feedback) -> Mes
     message.feedback = feedback
     message.save(update_fields=["feedback"])
     if feedback == Message.Feedback.DOWN:
-        answer_cache.answer_forget(request_id=str(message.generation_id))
+        _cached_answer_forget(message)
     return message
+
+
+def _cached_answer_forget(message: Message) -> None:
+    """An answer rated down is never served from the result cache again: the entry it
+    started, or, when it was served from the cache, the entry it was served from."""
+    generation = message.generation
+    if generation.cache in {CacheResult.MISS, ""}:
+        answer_cache.answer_forget(request_id=str(generation.request_id))
+        return
+    question = (
+        message.conversation.messages.filter(role=Message.Role.USER).order_by("created_at", "id").first()
+    )
+    variant = Variant.objects.filter(name=generation.variant).first()
+    vector = _question_vector(question.content) if question is not None else None
+    if variant is not None and vector is not None:
+        answer_cache.answer_forget_served(variant=variant, question=question.content, vector=vector)
 
 
 def guest_conversations_purge(*, older_than_days: int) -> int:

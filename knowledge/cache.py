@@ -282,16 +282,23 @@ def _servable(
     return None
 
 
+def _find(
+    *, variant: str, context: str, question: str, vector: np.ndarray
+) -> tuple[CachedAnswer, str] | None:
+    shelf = _index.shelf(variant, context)
+    if shelf is None:
+        return None
+    candidates = _candidates(shelf, question_hash(question), vector)
+    if not candidates:
+        return None
+    entries = CachedAnswer.objects.select_related("generation").in_bulk([i for i, _ in candidates])
+    return _servable(entries, candidates, question)
+
+
 def answer_lookup(*, variant: str, context: str, question: str, vector: np.ndarray) -> Lookup:
     """The cached answer to a first-turn question, if one may be served (see the module)."""
     started = time.perf_counter()
-    found = None
-    shelf = _index.shelf(variant, context)
-    if shelf is not None:
-        candidates = _candidates(shelf, question_hash(question), vector)
-        if candidates:
-            entries = CachedAnswer.objects.select_related("generation").in_bulk([i for i, _ in candidates])
-            found = _servable(entries, candidates, question)
+    found = _find(variant=variant, context=context, question=question, vector=vector)
     lookup_ms = round((time.perf_counter() - started) * 1000, 3)
     if found is None:
         cache_metrics.lookup_observe(
@@ -372,6 +379,14 @@ def answer_pin(
 def answer_forget(*, request_id: str) -> None:
     """Drop the entry of an answer the asker rated down: it is never served again."""
     CachedAnswer.objects.filter(generation_id=request_id).delete()
+
+
+def answer_forget_served(*, variant: Variant, question: str, vector: np.ndarray) -> None:
+    """A cached answer to `question` was rated down: drop the generated entry it came from
+    (the one the question finds now). A pinned answer stays: staff approved it."""
+    found = _find(variant=variant.name, context=chat_context(variant), question=question, vector=vector)
+    if found is not None and not found[0].pinned:
+        found[0].delete()
 
 
 def answers_invalidate(*, article: Article, new_version: int, added: bool) -> int:

@@ -199,6 +199,19 @@ def test_an_answer_rated_down_is_not_served_again(alice, articles):
     assert Generation.objects.get(request_id=again["request_id"]).cache == "miss"
 
 
+def test_a_cached_answer_rated_down_drops_the_entry_it_was_served_from(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "Where is my order?"), "Follow the link in your email.")
+    served = _ask(client, alice, "Where's my order?")
+    assert Generation.objects.get(request_id=served["request_id"]).cache == "semantic"
+    answer = Conversation.objects.get(messages__generation_id=served["request_id"]).messages.get(
+        role="assistant"
+    )
+    assert client.post(f"/chat/messages/{answer.pk}/feedback", {"value": "down"}, **JSON).status_code == 200
+    again = _ask(client, alice, "Where is my order?")
+    assert Generation.objects.get(request_id=again["request_id"]).cache == "miss"
+
+
 def test_staff_pin_an_answer_and_it_is_served_to_the_question_and_its_paraphrases(articles):
     staff = User.objects.create_user("sam", password="pw", is_staff=True)
     console = _signed_in(staff)
