@@ -154,7 +154,7 @@ def test_a_job_cancelled_before_it_started_never_reaches_the_engine():
     answer = Generation.objects.get(request_id=request_id)
     assert (answer.status, answer.text, answer.finish_reason) == ("cancelled", "", "cancelled")
     assert _events(request_id)[-1] == ("done", {"finish_reason": "cancelled", "usage": {
-        "prompt_tokens": 0, "completion_tokens": 0}, "timings": {}})  # fmt: skip
+        "prompt_tokens": 0, "completion_tokens": 0}, "timings": {}, "cached": False})  # fmt: skip
     assert (_pending(), _in_flight()) == (0, 0)
 
 
