@@ -9,10 +9,10 @@ from django import forms
 from django.core.exceptions import ValidationError
 
 from admin_console.models import CanaryRollout, validate_canary_steps
-from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS
+from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS, VARIANT_FIELDS
 from chat.models import ACCOUNT_TIER_CHOICES, User
 from knowledge.models import Article
-from scheduler.models import TierPolicy
+from scheduler.models import TierPolicy, Variant
 
 
 class TierPolicyForm(forms.ModelForm):
@@ -29,6 +29,38 @@ class TierPolicyForm(forms.ModelForm):
             "wait_slo_s": "Longest predicted wait admitted (s)",
             "max_wait_s": "Expiry of a queued request (s)",
         }
+
+
+class VariantForm(forms.ModelForm):
+    """A variant's model, prompt, sampling and help-center switch. Never saved directly: the
+    views hand cleaned_data to services.variant_create or services.variant_update."""
+
+    class Meta:
+        model = Variant
+        fields = ("name", *VARIANT_FIELDS)
+        labels = {
+            "model": "Model (the workers' INFERENCE_MODEL_NAME)",
+            "max_tokens": "Longest answer (tokens)",
+            "knowledge": "Answer from the help center",
+        }
+        widgets = {"system_prompt": forms.Textarea(attrs={"rows": 4})}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            del self.fields["name"]  # the canary, records and metrics know a variant by its name
+
+
+class AnswerPinForm(forms.Form):
+    variant = forms.ChoiceField(label="Variant")
+    question = forms.CharField(label="Question", max_length=500)
+    answer = forms.CharField(
+        label="Approved answer", widget=forms.Textarea(attrs={"rows": 4}), max_length=4000
+    )
+
+    def __init__(self, *args: Any, variants: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["variant"].choices = [(name, name) for name in variants]
 
 
 def _whole_numbers(text: str, what: str) -> list[int]:
@@ -128,7 +160,7 @@ class QualityRunForm(forms.Form):
 
 
 class WarmSparesForm(forms.Form):
-    spares = forms.IntegerField(label="Warm spares per variant", min_value=0, max_value=16)
+    spares = forms.IntegerField(label="Warm spares per model", min_value=0, max_value=16)
 
 
 class ApiKeyCreateForm(forms.Form):

@@ -17,6 +17,10 @@ from django.db import models
 class AuditLog(models.Model):
     class Action(models.TextChoices):
         POLICY_UPDATE = "policy.update", "Rate-limit policy changed"
+        VARIANT_CREATE = "variant.create", "Model variant added"
+        VARIANT_UPDATE = "variant.update", "Model variant changed"
+        ANSWER_PIN = "answer.pin", "Answer pinned"
+        ANSWER_UNPIN = "answer.unpin", "Pinned answer removed"
         CANARY_START = "canary.start", "Canary started"
         CANARY_SPLIT = "canary.split", "Canary split changed"
         CANARY_PROMOTE = "canary.promote", "Canary promoted"

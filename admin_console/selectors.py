@@ -13,10 +13,12 @@ from django.utils import timezone
 
 from admin_console.models import AuditLog, CanaryRollout, QualityRun
 from chat.models import Message
+from knowledge.models import CachedAnswer
 from scheduler import keys, timeseries
 from scheduler.autoscale import workers_desired
-from scheduler.models import CanaryRouting, Generation, TierPolicy
+from scheduler.models import CacheResult, CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.queues import queue_state
+from scheduler.routing import variant_models
 from scheduler.warmpool import warm_spares
 from scheduler.workers import WorkerInfo, live_workers
 
@@ -28,7 +30,7 @@ CHART_WINDOW_S = 15 * 60
 
 @dataclass(frozen=True, slots=True)
 class QueueRow:
-    variant: str
+    model: str
     tier: str
     queued: int
     predicted_wait_s: float
@@ -38,7 +40,7 @@ class QueueRow:
 @dataclass(frozen=True, slots=True)
 class WorkerRow:
     worker_id: str
-    variant: str
+    model: str
     engine: str
     simulated: bool
     running: int
@@ -49,14 +51,14 @@ class WorkerRow:
     on_gpu: bool  # else the memory shown is the engine process's resident memory
     heartbeat_age_s: float
     draining: bool
-    spare: bool  # warm: engine loaded, claiming nothing until the variant needs it
+    spare: bool  # warm: engine loaded, claiming nothing until its model needs it
 
     @classmethod
     def from_info(cls, info: WorkerInfo, *, now: float) -> WorkerRow:
         state = info.state
         return cls(
             worker_id=info.worker_id,
-            variant=info.variant,
+            model=info.model,
             engine=info.engine,
             simulated=info.engine.startswith("simulated"),
             running=info.running,
@@ -73,9 +75,9 @@ class WorkerRow:
 
 @dataclass(frozen=True, slots=True)
 class FleetRow:
-    """A variant's workers: how many are live, how many the autoscaling signal asks for."""
+    """A model's workers: how many are live, how many the autoscaling signal asks for."""
 
-    variant: str
+    model: str
     live: int
     desired: int
 
@@ -86,7 +88,7 @@ class Dashboard:
     queued_total: int
     longest_wait_s: float
     fleet: list[FleetRow]
-    warm_spares: int  # per variant, set in the console
+    warm_spares: int  # per model, set in the console
     workers: list[WorkerRow]
     running_total: int
     slots_total: int
@@ -101,12 +103,11 @@ class Dashboard:
     charts: dict  # JSON for console.js: 15 minutes of queue depth, TTFT p95 and tokens/s
 
 
-def _variants(workers: list[WorkerInfo]) -> list[str]:
+def _models(workers: list[WorkerInfo]) -> list[str]:
+    """The models live workers serve, and those the routed variants need."""
     routing = CanaryRouting.load()
-    variants = {w.variant for w in workers} | {routing.stable_variant}
-    if routing.candidate_variant:
-        variants.add(routing.candidate_variant)
-    return sorted(variants)
+    routed = [routing.stable_variant, *([routing.candidate_variant] if routing.candidate_variant else [])]
+    return sorted({w.model for w in workers} | variant_models(routed))
 
 
 def _charts(buckets: list[timeseries.SeriesBucket]) -> dict:
@@ -134,23 +135,23 @@ def _rounded(value: float | None) -> float | None:
 def dashboard() -> Dashboard:
     now = time.time()
     infos = live_workers()
-    variants = _variants(infos)
+    models = _models(infos)
     queues = [
-        QueueRow(variant=variant, tier=tier, **asdict(queue_state(variant=variant, tier=tier)))
-        for variant in variants
+        QueueRow(model=model, tier=tier, **asdict(queue_state(model=model, tier=tier)))
+        for model in models
         for tier in keys.TIERS
     ]
     fleet = [
         FleetRow(
-            variant=variant,
-            live=sum(1 for info in infos if info.variant == variant),
+            model=model,
+            live=sum(1 for info in infos if info.model == model),
             desired=workers_desired(
-                variant=variant,
+                model=model,
                 workers=infos,
-                queued={q.tier: q.queued for q in queues if q.variant == variant},
+                queued={q.tier: q.queued for q in queues if q.model == model},
             ),
         )
-        for variant in variants
+        for model in models
     ]
     buckets = timeseries.series_buckets(seconds=CHART_WINDOW_S + timeseries.BUCKET_S, now=now)
     live = [b for b in buckets if b.start > now - LIVE_WINDOW_S - timeseries.BUCKET_S]
@@ -224,8 +225,11 @@ class VariantStats:
 def variant_stats(*, variant: str, since: datetime) -> VariantStats:
     """Every generation of the variant, whatever its origin (chat, API, batch); votes come from
     chat answers. TTFT is read as the dashboard reads it: every answer that wrote a token,
-    through the same bins and percentile."""
-    ended = Generation.objects.filter(variant=variant, finished_at__gte=since)
+    through the same bins and percentile. Answers served from the result cache are left out:
+    the variant's model did not write them then, and their TTFT is a lookup's."""
+    ended = Generation.objects.filter(variant=variant, finished_at__gte=since).exclude(
+        cache__in=[CacheResult.EXACT, CacheResult.SEMANTIC, CacheResult.PINNED]
+    )
     counts = ended.filter(status__in=[Generation.Status.DONE, Generation.Status.ERROR]).aggregate(
         answers=Count("pk"),
         errors=Count("pk", filter=Q(status=Generation.Status.ERROR)),
@@ -346,7 +350,8 @@ class CanaryOverview:
 def canary_overview() -> CanaryOverview:
     routing = CanaryRouting.load()
     rollout = running_rollout()
-    workers = Counter(w.variant for w in live_workers() if not w.state.get("draining"))
+    workers = Counter(w.model for w in live_workers() if not w.state.get("draining"))
+    model_of = dict(Variant.objects.values_list("name", "model"))
     stable = candidate = None
     checks: list[RuleCheck] = []
     next_percent = next_step_at = None
@@ -368,7 +373,7 @@ def canary_overview() -> CanaryOverview:
         checks=checks,
         next_percent=next_percent,
         next_step_at=next_step_at,
-        workers_by_variant=dict(sorted(workers.items())),
+        workers_by_variant={name: workers[model] for name, model in sorted(model_of.items())},
         quality={
             variant: variant_quality(variant=variant)
             for variant in dict.fromkeys(
@@ -380,10 +385,56 @@ def canary_overview() -> CanaryOverview:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class CacheFigures:
+    """The result cache over the live window, from the generation records (every web process)."""
+
+    lookups: int
+    hits: dict[str, int]  # exact, semantic, pinned
+    hit_rate: float | None  # 0..1; None without lookups
+    saved_engine_s: float
+    lookup_p50_ms: float | None
+    lookup_p95_ms: float | None
+
+
+def _percentile(values: list[float], share: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(share * len(ordered)))], 2)
+
+
+def cache_figures(*, window_s: float = LIVE_WINDOW_S) -> CacheFigures:
+    since = timezone.now() - timedelta(seconds=window_s)
+    looked_up = Generation.objects.filter(created_at__gte=since).exclude(cache="")
+    rows = list(looked_up.values_list("cache", "cache_lookup_ms", "saved_engine_ms"))
+    hits = Counter(result for result, _, _ in rows if result != CacheResult.MISS.value)
+    return CacheFigures(
+        lookups=len(rows),
+        hits={
+            result: hits[result] for result in (CacheResult.EXACT, CacheResult.SEMANTIC, CacheResult.PINNED)
+        },
+        hit_rate=round(hits.total() / len(rows), 3) if rows else None,
+        saved_engine_s=round(sum(saved or 0.0 for _, _, saved in rows) / 1000, 1),
+        lookup_p50_ms=_percentile([ms for _, ms, _ in rows if ms is not None], 0.5),
+        lookup_p95_ms=_percentile([ms for _, ms, _ in rows if ms is not None], 0.95),
+    )
+
+
+def pinned_answers() -> QuerySet[CachedAnswer]:
+    return CachedAnswer.objects.exclude(pinned_answer="").order_by("variant", "question")
+
+
+def variants() -> QuerySet[Variant]:
+    return Variant.objects.order_by("name")
+
+
 def canary_candidates() -> list[str]:
-    """Variants a canary may try: those live, undrained workers serve, other than stable."""
+    """Variants a canary may try: those whose model live, undrained workers serve, other than
+    stable."""
     stable = CanaryRouting.load().stable_variant
-    return sorted({w.variant for w in live_workers() if not w.state.get("draining")} - {stable})
+    served = {w.model for w in live_workers() if not w.state.get("draining")}
+    return list(Variant.objects.filter(model__in=served).exclude(name=stable).values_list("name", flat=True))
 
 
 def automatic_rollback_alert() -> CanaryRollout | None:
@@ -417,6 +468,14 @@ def quality_run_running(*, variant: str) -> QualityRun | None:
         .order_by("-started_at", "-id")
         .first()
     )
+
+
+def quality_latest_by_variant() -> dict[str, QualityRun]:
+    """Every variant's latest finished score, by name, in one query."""
+    latest: dict[str, QualityRun] = {}
+    for run in QualityRun.objects.filter(status=QualityRun.Status.DONE).order_by("-finished_at", "-id"):
+        latest.setdefault(run.variant, run)
+    return latest
 
 
 def quality_run_latest(*, variant: str) -> QualityRun | None:

@@ -1,4 +1,5 @@
-"""Writes for the console: rate-limit policies, the canary, worker drains, API keys, help articles.
+"""Writes for the console: rate-limit policies, model variants, pinned answers, the canary,
+worker drains, API keys, help articles.
 
 Every change lands in the audit log (who, when, before, after) and reaches the scheduler's
 Redis mirror right after it commits, so it applies within a second without a restart.
@@ -23,8 +24,10 @@ from api import keys as api_keys
 from api.keys import IssuedApiKey
 from api.models import ApiKey
 from chat.models import User
+from knowledge import cache as answer_cache
+from knowledge import selectors as knowledge_selectors
 from knowledge import services as knowledge_services
-from knowledge.models import Article
+from knowledge.models import Article, CachedAnswer
 from knowledge.quality import (
     Answerer,
     QualityScore,
@@ -34,7 +37,7 @@ from knowledge.quality import (
     queue_answerer,
 )
 from scheduler import control
-from scheduler.models import CanaryRouting, TierPolicy, WarmPool
+from scheduler.models import CanaryRouting, TierPolicy, Variant, WarmPool
 from scheduler.policy import policies_mirror
 from scheduler.routing import canary_mirror
 from scheduler.warmpool import spares_mirror
@@ -44,6 +47,7 @@ from scheduler.workers import live_workers
 EVALUATION_ACTOR_NAME = "canary evaluation"
 
 POLICY_FIELDS = tuple(f.name for f in TierPolicy._meta.fields if f.name not in {"tier", "updated_at"})
+VARIANT_FIELDS = ("model", "system_prompt", "temperature", "top_p", "max_tokens", "knowledge", "description")
 CANARY_RULE_FIELDS = (
     "max_error_rate_increase_points",
     "max_ttft_p95_ratio",
@@ -103,6 +107,91 @@ def policy_update(*, actor: User, tier: str, changes: dict[str, Any]) -> TierPol
     return policy
 
 
+# --- model variants ---------------------------------------------------------------------------------
+
+
+def _variant_values(variant: Variant) -> dict[str, Any]:
+    return {name: getattr(variant, name) for name in VARIANT_FIELDS}
+
+
+def variant_create(*, actor: User, name: str, values: dict[str, Any]) -> Variant:
+    """Add a variant; the canary can try it once a live worker serves its model. Raises
+    ValidationError (a field, or the name taken)."""
+    with transaction.atomic():
+        variant = Variant(name=name, **{field: values[field] for field in VARIANT_FIELDS if field in values})
+        variant.full_clean()
+        variant.save()
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.VARIANT_CREATE,
+            target=name,
+            before=None,
+            after=_variant_values(variant),
+        )
+    return variant
+
+
+def variant_update(*, actor: User, name: str, changes: dict[str, Any]) -> Variant:
+    """Change a variant: the next question routed to it is asked its new way (answers already
+    queued keep the prompt and sampling they were queued with). Raises Variant.DoesNotExist or
+    ValidationError."""
+    with transaction.atomic():
+        variant = Variant.objects.select_for_update().get(name=name)
+        before = _variant_values(variant)
+        for field in VARIANT_FIELDS:
+            if field in changes:
+                setattr(variant, field, changes[field])
+        variant.full_clean()
+        after = _variant_values(variant)
+        if after == before:
+            return variant
+        variant.save()
+        _audit(actor=actor, action=AuditLog.Action.VARIANT_UPDATE, target=name, before=before, after=after)
+    return variant
+
+
+# --- result cache ---------------------------------------------------------------------------------
+
+
+def cached_answer_pin(*, actor: User, variant: str, question: str, answer: str) -> CachedAnswer:
+    """Serve `answer` to `question` (and its paraphrases) in chat on `variant`, whatever the
+    help center says, until unpinned. Raises ConsoleError (no such variant, or the text holds
+    personal data, which the cache never serves)."""
+    question, answer = question.strip(), answer.strip()
+    target = Variant.objects.filter(name=variant).first()
+    if target is None:
+        raise ConsoleError(f"There is no variant {variant!r}.")
+    if answer_cache.personal_data_found(question) or answer_cache.personal_data_found(answer):
+        raise ConsoleError("The cache never serves personal data: leave out emails, numbers and codes.")
+    try:
+        vector = knowledge_selectors.question_vector(question)
+    except knowledge_selectors.EmbedderUnavailable as exc:
+        raise ConsoleError("The embedding model is not prepared: run `manage.py prepare_embedder`.") from exc
+    with transaction.atomic():
+        entry = answer_cache.answer_pin(
+            variant=target, question=question, answer=answer, pinned_by=actor.get_username(), vector=vector
+        )
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.ANSWER_PIN,
+            target=variant,
+            before=None,
+            after={"question": question, "answer": answer},
+        )
+    return entry
+
+
+def cached_answer_unpin(*, actor: User, entry_id: int) -> None:
+    """Stop serving a pinned answer. Raises CachedAnswer.DoesNotExist."""
+    with transaction.atomic():
+        entry = CachedAnswer.objects.exclude(pinned_answer="").get(pk=entry_id)
+        before = {"question": entry.question, "answer": entry.pinned_answer}
+        entry.delete()
+        _audit(
+            actor=actor, action=AuditLog.Action.ANSWER_UNPIN, target=entry.variant, before=before, after=None
+        )
+
+
 # --- canary -----------------------------------------------------------------------------------------
 
 
@@ -130,20 +219,23 @@ def canary_start(
 ) -> CanaryRollout:
     """Start sending the plan's first share of new conversations to `candidate_variant`.
 
-    Raises ConsoleError (a canary runs already, no live worker serves the candidate) or
+    Raises ConsoleError (a canary runs already, no live worker serves the candidate's model) or
     ValidationError (the plan or rules).
     """
-    serving = {w.variant for w in live_workers() if not w.state.get("draining")}
+    serving = {w.model for w in live_workers() if not w.state.get("draining")}
     with transaction.atomic():
         routing = _routing_locked()
         if selectors.running_rollout() is not None:
             raise ConsoleError("A canary is already running: promote it or roll it back first.")
         if candidate_variant == routing.stable_variant:
             raise ConsoleError(f"{candidate_variant} is the stable variant already.")
-        if candidate_variant not in serving:
+        candidate = Variant.objects.filter(name=candidate_variant).first()
+        if candidate is None:
+            raise ConsoleError(f"There is no variant {candidate_variant!r}.")
+        if candidate.model not in serving:
             raise ConsoleError(
-                f"No live worker serves {candidate_variant!r}: start one with "
-                f"INFERENCE_VARIANT={candidate_variant} first."
+                f"No live worker serves {candidate.model!r}, the model of {candidate_variant!r}: "
+                f"start one with INFERENCE_MODEL_NAME={candidate.model} first."
             )
         before = _routing_values(routing)
         rollout = CanaryRollout(
@@ -349,13 +441,20 @@ def canary_evaluate(*, now: datetime | None = None) -> str:
 
 
 def quality_run_start(*, actor: User, variant: str) -> QualityRun:
-    """Record a new quality score of `variant`, to be run by admin_console.tasks.quality_run.
+    """Record a new quality score of `variant` with its settings as stored now, to be run by
+    admin_console.tasks.quality_run.
 
-    Raises ConsoleError while a score of the variant is still running, or when no live worker
-    serves it (its questions would wait in the queue until the run timed out).
+    Raises ConsoleError for a variant that does not exist, while a score of the variant is still
+    running, or when no live worker serves its model (its questions would wait in the queue
+    until the run timed out).
     """
-    if variant not in {w.variant for w in live_workers() if not w.state.get("draining")}:
-        raise ConsoleError(f"No live worker serves {variant!r}: its questions would go unanswered.")
+    row = Variant.objects.filter(name=variant).first()
+    if row is None:
+        raise ConsoleError(f"No variant {variant!r}.")
+    if row.model not in {w.model for w in live_workers() if not w.state.get("draining")}:
+        raise ConsoleError(
+            f"No live worker serves {variant!r} (model {row.model!r}): its questions would go unanswered."
+        )
     with transaction.atomic():
         running = selectors.quality_run_running(variant=variant)
         if running is not None:
@@ -364,7 +463,7 @@ def quality_run_start(*, actor: User, variant: str) -> QualityRun:
             )
         return QualityRun.objects.create(
             variant=variant,
-            variant_settings=VariantSettings.defaults(variant).as_dict(),
+            variant_settings=VariantSettings.of(row).as_dict(),
             started_by=actor,
         )
 
@@ -386,7 +485,7 @@ def quality_run_execute(*, run_id: int, answerer: Answerer | None = None) -> Qua
             return await answers_collect(
                 prompts,
                 variant=variant,
-                answerer=answerer or queue_answerer(variant=variant.name),
+                answerer=answerer or queue_answerer(variant=variant.name, model=variant.model),
                 progress=progress,
             )
 
@@ -430,13 +529,13 @@ def worker_drain(*, actor: User, worker_id: str) -> None:
         actor=actor,
         action=AuditLog.Action.WORKER_DRAIN,
         target=worker_id,
-        before={"variant": worker.variant, "draining": bool(worker.state.get("draining"))},
-        after={"variant": worker.variant, "draining": True},
+        before={"model": worker.model, "draining": bool(worker.state.get("draining"))},
+        after={"model": worker.model, "draining": True},
     )
 
 
 def warm_spares_set(*, actor: User, spares: int) -> WarmPool:
-    """Keep `spares` warm spare workers per variant beyond those it needs (0: no pool)."""
+    """Keep `spares` warm spare workers per model beyond those it needs (0: no pool)."""
     with transaction.atomic():
         pool = WarmPool.objects.select_for_update().get(pk=WarmPool.load().pk)
         before = {"spares": pool.spares}

@@ -14,12 +14,14 @@ from django.views.decorators.http import require_GET, require_http_methods, requ
 from admin_console import selectors, services, tasks
 from admin_console.access import staff_required
 from admin_console.forms import (
+    AnswerPinForm,
     ApiKeyCreateForm,
     ArticleForm,
     CanarySplitForm,
     CanaryStartForm,
     QualityRunForm,
     TierPolicyForm,
+    VariantForm,
     WarmSparesForm,
 )
 from api import keys as key_services
@@ -27,8 +29,8 @@ from api.keys import IssuedApiKey
 from api.models import ApiKey
 from knowledge import selectors as knowledge_selectors
 from knowledge.embedding import EmbedderUnavailable
-from knowledge.models import Article
-from scheduler.models import TierPolicy
+from knowledge.models import Article, CachedAnswer
+from scheduler.models import TierPolicy, Variant
 
 
 def _render(
@@ -77,10 +79,125 @@ def warm_spares(request: HttpRequest) -> HttpResponse:
     form = WarmSparesForm(request.POST)
     if form.is_valid():
         services.warm_spares_set(actor=request.user, spares=form.cleaned_data["spares"])
-        messages.success(request, f"Each variant keeps {form.cleaned_data['spares']} warm spares.")
+        messages.success(request, f"Each model keeps {form.cleaned_data['spares']} warm spares.")
     else:
         messages.error(request, "Warm spares: a whole number from 0 to 16.")
     return redirect("console:dashboard")
+
+
+# --- model variants ----------------------------------------------------------------------------
+
+
+def _variants_page(
+    request: HttpRequest,
+    *,
+    bound: VariantForm | None = None,
+    new: VariantForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    quality = selectors.quality_latest_by_variant()
+    rows = [
+        (
+            bound
+            if bound is not None and bound.instance.name == variant.name
+            else VariantForm(instance=variant, prefix=variant.name),
+            quality.get(variant.name),
+        )
+        for variant in selectors.variants()
+    ]
+    return _render(
+        request,
+        "admin_console/variants.html",
+        "variants",
+        {"rows": rows, "new": new or VariantForm(prefix="new")},
+        status=status,
+    )
+
+
+@require_GET
+@staff_required
+def variants(request: HttpRequest) -> HttpResponse:
+    return _variants_page(request)
+
+
+@require_POST
+@staff_required
+def variant_create(request: HttpRequest) -> HttpResponse:
+    form = VariantForm(request.POST, prefix="new")
+    if not form.is_valid():
+        return _variants_page(request, new=form, status=400)
+    values = dict(form.cleaned_data)
+    try:
+        services.variant_create(actor=request.user, name=values.pop("name"), values=values)
+    except ValidationError as exc:
+        form.add_error(None, exc)
+        return _variants_page(request, new=form, status=400)
+    messages.success(request, f"Variant {form.cleaned_data['name']} added.")
+    return redirect("console:variants")
+
+
+@require_POST
+@staff_required
+def variant_update(request: HttpRequest, name: str) -> HttpResponse:
+    variant = get_object_or_404(Variant, name=name)
+    form = VariantForm(request.POST, instance=variant, prefix=name)
+    if not form.is_valid():
+        return _variants_page(request, bound=form, status=400)
+    try:
+        services.variant_update(actor=request.user, name=name, changes=form.cleaned_data)
+    except ValidationError as exc:
+        form.add_error(None, exc)
+        return _variants_page(request, bound=form, status=400)
+    messages.success(request, f"Variant {name} saved: the next questions routed to it are asked this way.")
+    return redirect("console:variants")
+
+
+# --- result cache -----------------------------------------------------------------------------
+
+
+def _variant_names() -> list[str]:
+    return list(selectors.variants().values_list("name", flat=True))
+
+
+def _cache_page(request: HttpRequest, form: AnswerPinForm | None = None, status: int = 200) -> HttpResponse:
+    context = {
+        "figures": selectors.cache_figures(),
+        "pinned": selectors.pinned_answers(),
+        "form": form or AnswerPinForm(variants=_variant_names()),
+    }
+    return _render(request, "admin_console/cache.html", "cache", context, status=status)
+
+
+@require_GET
+@staff_required
+def cache(request: HttpRequest) -> HttpResponse:
+    return _cache_page(request)
+
+
+@require_POST
+@staff_required
+def answer_pin(request: HttpRequest) -> HttpResponse:
+    form = AnswerPinForm(request.POST, variants=_variant_names())
+    if not form.is_valid():
+        return _cache_page(request, form, status=400)
+    try:
+        services.cached_answer_pin(actor=request.user, **form.cleaned_data)
+    except services.ConsoleError as exc:
+        form.add_error(None, str(exc))
+        return _cache_page(request, form, status=400)
+    messages.success(request, "Answer pinned: it is served to the question and its paraphrases.")
+    return redirect("console:cache")
+
+
+@require_POST
+@staff_required
+def answer_unpin(request: HttpRequest, entry_id: int) -> HttpResponse:
+    try:
+        services.cached_answer_unpin(actor=request.user, entry_id=entry_id)
+    except CachedAnswer.DoesNotExist as exc:
+        raise Http404("No such pinned answer.") from exc
+    messages.success(request, "Pinned answer removed.")
+    return redirect("console:cache")
 
 
 # --- rate limits -------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
@@ -36,13 +37,17 @@ from api.openai_shapes import (
     tool_calls_delta,
 )
 from chat.sse import sse_comment, sse_data
+from knowledge import cache as answer_cache
+from knowledge import selectors as knowledge_selectors
 from scheduler import control
-from scheduler.admission import AdmissionRefused, request_submit
+from scheduler.admission import AdmissionRefused, request_answer_cached, request_submit
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier, Usage, tokens_logprobs
+from scheduler.models import CacheResult, Variant
 from scheduler.policy import tier_policy
 from scheduler.results import ResultEvent, result_follower
-from scheduler.routing import variant_for
+from scheduler.routing import variant_for_conversation
 from scheduler.rules import answer_wait_limit_s
+from scheduler.services import generation_cache_note
 
 # An answer that expired in the queue met a long queue moments ago: give it time to drain.
 EXPIRED_RETRY_AFTER_S = 10
@@ -53,6 +58,7 @@ class SubmittedCompletion:
     request: ChatCompletionRequest
     request_ids: list[str]  # one generation per choice; the first names the completion
     variant: str
+    model: str  # whose result streams the answers are written to
     created: int
     wait_limit_s: float  # the longest the caller waits for the end of the answer
 
@@ -61,37 +67,87 @@ class SubmittedCompletion:
         return self.request_ids[0]
 
 
+def _cache_lookup(
+    *, api_key: ApiKey, request: ChatCompletionRequest, variant: Variant
+) -> tuple[answer_cache.Lookup, str, np.ndarray] | None:
+    """A one-question call (a single user message, one choice, no tools, no logprobs) is a
+    first turn the result cache may answer; (the lookup, its context, the question's vector),
+    or None when it may not be looked up."""
+    messages = request.prompt_messages()
+    if (
+        not settings.ANSWER_CACHE_ENABLED
+        or [m["role"] for m in messages] != ["user"]
+        or request.choices != 1
+        or request.tools is not None
+        or request.logprobs
+    ):
+        return None
+    question = messages[0]["content"]
+    if answer_cache.personal_data_found(question, names=answer_cache.account_names(api_key.owner)):
+        return None
+    try:
+        vector = knowledge_selectors.question_vector(question)
+    except knowledge_selectors.EmbedderUnavailable:
+        return None
+    context = answer_cache.api_context(variant, request.sampling_params())
+    lookup = answer_cache.answer_lookup(
+        variant=variant.name, context=context, question=question, vector=vector
+    )
+    return lookup, context, vector
+
+
 def completion_submit(*, api_key: ApiKey, request: ChatCompletionRequest) -> SubmittedCompletion:
-    """Admit the request under the key's tier and limits; raises AdmissionRefused.
+    """Admit the request under the key's tier and limits, or answer it from the result cache;
+    raises AdmissionRefused.
 
     Each of the `n` choices is a generation of its own (a job, a record, a result stream), so
     it counts against the key's limits as a request would; if one is refused, those already
     admitted are cancelled and the call is refused as a whole."""
     request_ids = [str(uuid.uuid4()) for _ in range(request.choices)]
-    variant = variant_for(conversation_id=completion_id(request_ids[0]))
+    variant = variant_for_conversation(conversation_id=completion_id(request_ids[0]))
     tier = Tier(api_key.effective_tier)
-    for index, request_id in enumerate(request_ids):
-        try:
-            request_submit(
-                job=GenerationJob(
-                    request_id=request_id,
-                    origin=Origin.API,
-                    messages=request.prompt_messages(),
-                    sampling=request.sampling_params(seed_offset=index),
-                    client_id=api_key.client_id,
-                    tier=tier,
-                    variant=variant,
-                    disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
-                )
-            )
-        except AdmissionRefused:
-            for admitted in request_ids[:index]:
-                control.request_cancel(request_id=admitted)
-            raise
+    jobs = [
+        GenerationJob(
+            request_id=request_id,
+            origin=Origin.API,
+            messages=request.prompt_messages(),
+            sampling=request.sampling_params(seed_offset=index),
+            client_id=api_key.client_id,
+            tier=tier,
+            variant=variant.name,
+            model=variant.model,
+            disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
+        )
+        for index, request_id in enumerate(request_ids)
+    ]
+    cached = _cache_lookup(api_key=api_key, request=request, variant=variant)
+    if cached is not None and cached[0].answer is not None:
+        request_answer_cached(job=jobs[0], answer=cached[0].answer)
+    else:
+        for index, job in enumerate(jobs):
+            try:
+                request_submit(job=job)
+            except AdmissionRefused:
+                for admitted in request_ids[:index]:
+                    control.request_cancel(request_id=admitted)
+                raise
+    if cached is not None and cached[0].answer is None:
+        lookup, context, vector = cached
+        generation_cache_note(request_id=request_ids[0], result=CacheResult.MISS, lookup_ms=lookup.lookup_ms)
+        answer_cache.answer_remember(
+            variant=variant.name,
+            context=context,
+            question=jobs[0].messages[0]["content"],
+            vector=vector,
+            kb_version=knowledge_selectors.knowledge_base_version(),
+            source_slugs=[],
+            request_id=request_ids[0],
+        )
     return SubmittedCompletion(
         request=request,
         request_ids=request_ids,
-        variant=variant,
+        variant=variant.name,
+        model=variant.model,
         created=int(time.time()),
         wait_limit_s=answer_wait_limit_s(tier_policy(tier).max_wait_s),
     )
@@ -184,7 +240,7 @@ async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
     async with AsyncExitStack() as stack:
         following = {
             index: await stack.enter_async_context(
-                result_follower().subscribe(variant=submitted.variant, request_id=request_id, after_id="0-0")
+                result_follower().subscribe(model=submitted.model, request_id=request_id, after_id="0-0")
             )
             for index, request_id in enumerate(submitted.request_ids)
         }
@@ -277,7 +333,7 @@ async def completion_stream(submitted: SubmittedCompletion) -> AsyncIterator[byt
     async with AsyncExitStack() as stack:
         following = {
             index: await stack.enter_async_context(
-                result_follower().subscribe(variant=submitted.variant, request_id=request_id, after_id="0-0")
+                result_follower().subscribe(model=submitted.model, request_id=request_id, after_id="0-0")
             )
             for index, request_id in enumerate(submitted.request_ids)
         }

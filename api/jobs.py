@@ -46,7 +46,7 @@ from scheduler.generation import (
     event_decode,
 )
 from scheduler.redis import sync_redis
-from scheduler.routing import variant_for
+from scheduler.routing import variant_for_conversation
 
 logger = logging.getLogger(__name__)
 
@@ -167,11 +167,11 @@ def _job_complete(job_id: UUID, runner: str) -> None:
 
 def _item_reserve(item: BatchJobItem) -> bool:
     request_id = uuid.uuid4()
-    variant = variant_for(conversation_id=str(request_id))
+    variant = variant_for_conversation(conversation_id=str(request_id))
     reserved = BatchJobItem.objects.filter(
         pk=item.pk, status=BatchJobItem.Status.PENDING, generation_id__isnull=True
-    ).update(generation_id=request_id, variant=variant)
-    item.generation_id, item.variant = request_id, variant
+    ).update(generation_id=request_id, variant=variant.name, model=variant.model)
+    item.generation_id, item.variant, item.model = request_id, variant.name, variant.model
     return reserved == 1
 
 
@@ -244,7 +244,7 @@ class _JobFeeder:
                 time.sleep(1.0)
 
     def _follow(self, item: BatchJobItem) -> None:
-        stream = keys.result(item.variant, str(item.generation_id))
+        stream = keys.result(item.model, str(item.generation_id))
         self.followed[stream] = _Followed(item_id=item.pk, stream=stream)
 
     def _submit_more(self) -> None:
@@ -268,7 +268,7 @@ class _JobFeeder:
         if item.generation_id is None:
             if not _item_reserve(item):
                 return False
-        elif self.redis.exists(keys.result(item.variant, str(item.generation_id))):
+        elif self.redis.exists(keys.result(item.model, str(item.generation_id))):
             # Submitted by a task that died before it could record so.
             return _item_mark_submitted(item)
         request_submit(
@@ -280,6 +280,7 @@ class _JobFeeder:
                 client_id=self.client_id,
                 tier=Tier.BATCH,
                 variant=item.variant,
+                model=item.model,
                 disconnect_grace_s=None,  # nobody watches a batch request's stream
             )
         )

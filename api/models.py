@@ -96,7 +96,9 @@ class BatchJobItem(models.Model):
     # Set before the request is submitted, so a resumed job finds it again instead of asking
     # twice; the answer is read through it.
     generation = generation_link("batch_item")
-    variant = models.CharField(max_length=64, blank=True)  # routed when the id is reserved
+    # Routed when the id is reserved: the variant, and the model whose queue answers it.
+    variant = models.CharField(max_length=64, blank=True)
+    model = models.CharField(max_length=128, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     submitted_at = models.DateTimeField(null=True, blank=True)
     completed_at = models.DateTimeField(null=True, blank=True)

@@ -35,6 +35,7 @@ from api.openai_shapes import (
 )
 from chat.sse import SSE_HEADERS
 from scheduler.admission import AdmissionRefused
+from scheduler.models import Variant
 from scheduler.workers import live_workers
 
 View = Callable[..., Any]
@@ -106,12 +107,16 @@ def _json_body(request: HttpRequest) -> Any:
 
 
 def _live_models() -> dict[str, str]:
-    """Variant -> the engines serving it, for variants with a live worker that is not draining."""
+    """Variant -> the engines serving it, for variants whose model has a live worker that is
+    not draining."""
     engines: dict[str, set[str]] = {}
     for worker in live_workers():
         if not worker.state.get("draining"):
-            engines.setdefault(worker.variant, set()).add(worker.engine)
-    return {variant: ", ".join(sorted(labels)) for variant, labels in sorted(engines.items())}
+            engines.setdefault(worker.model, set()).add(worker.engine)
+    return {
+        variant.name: ", ".join(sorted(engines[variant.model]))
+        for variant in Variant.objects.filter(model__in=engines)
+    }
 
 
 @csrf_exempt

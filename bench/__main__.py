@@ -1,7 +1,7 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
-Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, autoscale,
-quality (see docs/BENCHMARKS.md).
+Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, cache,
+autoscale, quality (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ def main() -> None:
             "soak",
             "console",
             "retrieval",
+            "cache",
             "autoscale",
             "quality",
         ],
@@ -73,13 +74,38 @@ def main() -> None:
     )
     parser.add_argument("--tabs", default="1,10,50", help="console: staff tabs open at once")
     parser.add_argument("--chunks", type=int, default=10_000, help="retrieval: chunks in the index")
-    parser.add_argument("--queries", type=int, default=500, help="retrieval: questions timed")
+    parser.add_argument("--queries", type=int, default=500, help="retrieval, cache: questions timed")
+    parser.add_argument("--entries", type=int, default=10_000, help="cache: cached questions")
     parser.add_argument("--spares", type=int, default=3, help="autoscale: the warm pool's size")
     parser.add_argument(
         "--start-s", type=float, default=30.0, help="autoscale: the simulated engine's start time"
     )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    if args.scenario == "cache":
+        # In this process, like retrieval.
+        from bench.answer_cache import answer_cache
+
+        print("== cache ==", flush=True)
+        report = answer_cache(entries=args.entries, queries=args.queries)
+        chat, api = report["miss_lookup_ms"], report["miss_lookup_with_embedding_ms"]
+        print(
+            f"{report['entries']} cached questions, {report['queries']} misses: "
+            f"lookup p50 {chat['p50']:.3f} ms, p99 {chat['p99']:.3f} ms, max {chat['max']:.3f} ms; "
+            "with the question's embedding (API) "
+            f"p50 {api['p50']:.2f} ms, p99 {api['p99']:.2f} ms; remembering the question "
+            f"p50 {report['miss_remember_ms']['p50']:.2f} ms, p99 {report['miss_remember_ms']['p99']:.2f} ms"
+        )
+        similarity = report["similarity"]
+        for threshold, row in similarity["by_threshold"].items():
+            paraphrases = f"{row['paraphrases_hit']}/{similarity['paraphrases']}"
+            near_misses = f"{row['near_misses_hit']}/{similarity['near_misses']}"
+            print(f"threshold {threshold}: {paraphrases} paraphrases hit, {near_misses} near-misses hit")
+        report["machine"] = machine()
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "cache.json").write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out / 'cache.json'}", file=sys.stderr)
+        return
     if args.scenario == "retrieval":
         # In this process, with no stack to start and nothing to plot.
         from bench.retrieval import retrieval

@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 import httpx
+from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.load import SessionPool, one_request
@@ -37,7 +38,7 @@ VIP_SHARE = 0.1
 
 
 def _gauges(base_url: str) -> dict[str, float]:
-    """The scrape KEDA's Prometheus would make: the stable variant's fleet and normal queue."""
+    """The scrape KEDA's Prometheus would make: the model's fleet and normal queue."""
     text = httpx.get(f"{base_url}/metrics", timeout=5).text
     wanted = {
         ("llm_workers_desired", ""): "desired",
@@ -50,7 +51,7 @@ def _gauges(base_url: str) -> dict[str, float]:
     values: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
-            if sample.labels.get("variant") != "stable":
+            if sample.labels.get("model") != settings.INFERENCE_MODEL_NAME:
                 continue
             name = wanted.get((sample.name, sample.labels.get("tier", "")))
             if name:

@@ -25,6 +25,7 @@ from typing import Any
 
 import psutil
 import redis.asyncio as aioredis
+from django.conf import settings
 
 from bench.client import Response, Session, SseEvent
 from bench.load import SessionPool
@@ -397,7 +398,7 @@ async def _unanswered_in_redis(redis_url: str, answers: list[Answer]) -> int:
         for answer in answers:
             if answer.request_id is None:
                 continue
-            events = await client.xrange(keys.result(VARIANT, answer.request_id))
+            events = await client.xrange(keys.result(settings.INFERENCE_MODEL_NAME, answer.request_id))
             if not any(fields["type"] in ("done", "error") for _, fields in events):
                 missing += 1
         return missing

@@ -22,26 +22,26 @@ SNAPSHOT_S = 1.0
 # How soon a browser whose stream broke reconnects (SSE `retry:`).
 RECONNECT_MS = 2000
 
-# (loop, variant, tier) -> (read at, claimed through, drain rate): every queued stream of this
+# (loop, model, tier) -> (read at, claimed through, drain rate): every queued stream of this
 # process shares one read of its queue a second, instead of two reads per stream.
 _snapshots: dict[tuple[asyncio.AbstractEventLoop, str, str], tuple[float, int, float]] = {}
 
 
-async def _queue_snapshot(variant: str, tier: str) -> tuple[int, float]:
-    key = (asyncio.get_running_loop(), variant, tier)
+async def _queue_snapshot(model: str, tier: str) -> tuple[int, float]:
+    key = (asyncio.get_running_loop(), model, tier)
     cached = _snapshots.get(key)
     if cached is not None and time.monotonic() - cached[0] < SNAPSHOT_S:
         return cached[1], cached[2]
     client = async_redis()
-    claimed = await claimed_through(client, variant=variant, tier=tier)
-    state = await queue_state_async(client, variant=variant, tier=tier)
+    claimed = await claimed_through(client, model=model, tier=tier)
+    state = await queue_state_async(client, model=model, tier=tier)
     _snapshots[key] = (time.monotonic(), claimed, state.drain_rate_per_s)
     return claimed, state.drain_rate_per_s
 
 
-async def _queued_status(variant: str, tier: str, seq: int) -> dict:
+async def _queued_status(model: str, tier: str, seq: int) -> dict:
     try:
-        claimed, drain_rate_per_s = await _queue_snapshot(variant, tier)
+        claimed, drain_rate_per_s = await _queue_snapshot(model, tier)
     except (redis.ConnectionError, redis.TimeoutError):
         return {"state": "queued", "position": None, "eta_s": None}  # Redis is restarting
     position = seq - claimed
@@ -57,11 +57,11 @@ def _sse_for(event: ResultEvent) -> bytes:
     return sse_event(event.type, event_data(event.body), event.id)
 
 
-async def relay_events(*, variant: str, request_id: str, after_id: str) -> AsyncIterator[bytes]:
+async def relay_events(*, model: str, request_id: str, after_id: str) -> AsyncIterator[bytes]:
     heartbeat_s = settings.SSE_HEARTBEAT_S
     status_s = settings.SSE_STATUS_INTERVAL_S
     async with result_follower().subscribe(
-        variant=variant, request_id=request_id, after_id=after_id
+        model=model, request_id=request_id, after_id=after_id
     ) as subscription:
         yield sse_retry(RECONNECT_MS)
         queued: tuple[Tier, int] | None = None  # (tier, seq) while waiting in the queue
@@ -76,7 +76,7 @@ async def relay_events(*, variant: str, request_id: str, after_id: str) -> Async
             except TimeoutError:
                 now = time.monotonic()
                 if queued is not None and now - last_status >= status_s:
-                    status = await _queued_status(variant, *queued)
+                    status = await _queued_status(model, *queued)
                     yield sse_event("status", status, subscription.cursor)
                     last_status = last_write = now
                 elif now - last_write >= heartbeat_s:
@@ -87,7 +87,7 @@ async def relay_events(*, variant: str, request_id: str, after_id: str) -> Async
             for event in events:
                 if isinstance(event.body, Queued):
                     queued = (event.body.tier, event.body.seq)
-                    frames.append(sse_event("status", await _queued_status(variant, *queued), event.id))
+                    frames.append(sse_event("status", await _queued_status(model, *queued), event.id))
                     last_status = time.monotonic()
                     continue
                 if isinstance(event.body, Start):

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from uuid import UUID
 
+import numpy as np
 from django.conf import settings
 from django.contrib.sessions.models import Session
 from django.db import IntegrityError, transaction
@@ -16,13 +17,15 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 from chat.models import Conversation, Message, User
+from knowledge import cache as answer_cache
+from knowledge import selectors as knowledge_selectors
 from knowledge.prompts import SystemPrompt, system_prompt_build
 from scheduler import control
-from scheduler.admission import Admission, request_admit
-from scheduler.generation import GenerationJob, Origin, SamplingParams, Tier
-from scheduler.models import Generation
-from scheduler.routing import variant_for
-from scheduler.services import generation_create
+from scheduler.admission import Admission, request_admit, request_admit_cached
+from scheduler.generation import GenerationJob, Origin, Tier
+from scheduler.models import CacheResult, Generation, Variant
+from scheduler.routing import variant_for_conversation
+from scheduler.services import generation_cache_note, generation_create
 
 
 class MessageRejected(ValueError):
@@ -94,13 +97,48 @@ def _validated_text(text: str) -> str:
     return text
 
 
+@dataclass(frozen=True, slots=True)
+class _CacheLookup:
+    """The result cache looked up for a conversation's first message: what it found, and what
+    remembering a miss needs."""
+
+    context: str
+    vector: np.ndarray
+    lookup: answer_cache.Lookup
+
+
+def _cache_lookup(conversation: Conversation, text: str, variant: Variant) -> _CacheLookup | None:
+    """The result cache's lookup for the message, or None when the cache may not answer it: off,
+    not the conversation's first message, personal data in it, or no embedding model."""
+    if not settings.ANSWER_CACHE_ENABLED:
+        return None
+    if not conversation._state.adding and conversation.messages.exists():
+        return None
+    if answer_cache.personal_data_found(text, names=answer_cache.account_names(conversation.owner)):
+        return None
+    try:
+        vector = knowledge_selectors.question_vector(text)
+    except knowledge_selectors.EmbedderUnavailable:
+        return None  # system_prompt_build says so, for a variant that uses the help center
+    context = answer_cache.chat_context(variant)
+    lookup = answer_cache.answer_lookup(variant=variant.name, context=context, question=text, vector=vector)
+    return _CacheLookup(context, vector, lookup)
+
+
+def _question_vector(text: str) -> np.ndarray | None:
+    try:
+        return knowledge_selectors.question_vector(text)
+    except knowledge_selectors.EmbedderUnavailable:
+        return None
+
+
 def _prompt_messages(
     conversation: Conversation, text: str, system_prompt: SystemPrompt
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """The system prompt (`knowledge.prompts.system_prompt_build`: the help center's excerpts on
-    the message), as much recent history as fits the room the excerpts leave, then the new
-    message: the prompt must leave room for the answer inside the model's context. Also returns
-    the articles quoted."""
+    """The system prompt (`knowledge.prompts.system_prompt_build`: the variant's prompt and the
+    help center's excerpts on the message), as much recent history as fits the room the
+    excerpts leave, then the new message: the prompt must leave room for the answer inside the
+    model's context. Also returns the articles quoted."""
     recent = (
         conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
         .annotate(text=Coalesce("generation__text", "content"))
@@ -135,15 +173,27 @@ def message_post(
     """Persist the user's message and queue its answer; a new conversation (conversation_new)
     is saved with it.
 
+    A first message may be answered from the result cache (knowledge.cache) instead: the same
+    record, messages and stream, with no queue and no worker.
+
     Raises MessageRejected, ConversationBusy, or scheduler.admission.AdmissionRefused; on any
     refusal nothing of this message stays behind, nor a conversation saved for it.
     """
     text = _validated_text(text)
     request_id = uuid.uuid4()
-    variant = variant_for(conversation_id=str(conversation.pk))
+    variant = variant_for_conversation(conversation_id=str(conversation.pk))
     is_new = conversation._state.adding
-    # Retrieval is CPU work: done before the transaction, it holds no lock.
-    system_prompt = system_prompt_build(question=text, assistant_prompt=settings.CHAT_SYSTEM_PROMPT)
+    # The result cache and retrieval are CPU work: done before the transaction, they hold no lock.
+    cached = _cache_lookup(conversation, text, variant)
+    hit = cached.lookup.answer if cached is not None else None
+    system_prompt = None
+    if hit is None:
+        system_prompt = system_prompt_build(
+            question=text,
+            assistant_prompt=variant.system_prompt,
+            use_help_center=variant.knowledge,
+            vector=cached.vector if cached is not None else None,
+        )
     with transaction.atomic():
         if is_new:
             _conversation_insert(conversation)
@@ -153,15 +203,20 @@ def message_post(
         Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).exists()
         if _unfinished_answers(conversation).exists():
             raise ConversationBusy("Please wait for the current answer, or stop it, first.")
-        messages, sources = _prompt_messages(conversation, text, system_prompt)
+        if system_prompt is None:  # answered from the cache: the record keeps the question alone
+            assert cached is not None
+            messages, sources = [{"role": "user", "content": text}], cached.lookup.sources
+        else:
+            messages, sources = _prompt_messages(conversation, text, system_prompt)
         job = GenerationJob(
             request_id=str(request_id),
             origin=Origin.CHAT,
             messages=messages,
-            sampling=SamplingParams.defaults(),
+            sampling=variant.sampling(),
             client_id=client_id,
             tier=Tier(tier),
-            variant=variant,
+            variant=variant.name,
+            model=variant.model,
             disconnect_grace_s=settings.STREAM_DISCONNECT_GRACE_S,
         )
         user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER, content=text)
@@ -174,13 +229,30 @@ def message_post(
         Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
         generation_create(job=job)
     try:
-        admission = request_admit(job=job, client_address=client_address)
+        if hit is not None:
+            admission = request_admit_cached(job=job, answer=hit, client_address=client_address)
+        else:
+            admission = request_admit(job=job, client_address=client_address)
     except Exception:
         with transaction.atomic():
             Message.objects.filter(pk__in=[user_message.pk, assistant_message.pk]).delete()
             if is_new:
                 conversation.delete()
         raise
+    if cached is not None and system_prompt is not None:
+        generation_cache_note(
+            request_id=job.request_id, result=CacheResult.MISS, lookup_ms=cached.lookup.lookup_ms
+        )
+        kb_version = system_prompt.kb_version
+        answer_cache.answer_remember(
+            variant=variant.name,
+            context=cached.context,
+            question=text,
+            vector=cached.vector,
+            kb_version=knowledge_selectors.knowledge_base_version() if kb_version is None else kb_version,
+            source_slugs=[source["slug"] for source in sources],
+            request_id=job.request_id,
+        )
     return PostedMessage(user_message, assistant_message, admission)
 
 
@@ -201,12 +273,31 @@ def request_cancel(*, message: Message) -> bool:
 
 
 def message_feedback_set(*, message: Message, feedback: Message.Feedback) -> Message:
-    """Record the asker's thumbs up or down on an answer; a second vote replaces the first."""
+    """Record the asker's thumbs up or down on an answer; a second vote replaces the first. An
+    answer rated down is never served from the result cache again."""
     if message.role != Message.Role.ASSISTANT or message.generation.status != Generation.Status.DONE:
         raise FeedbackRejected("Only a finished answer can be rated.")
     message.feedback = feedback
     message.save(update_fields=["feedback"])
+    if feedback == Message.Feedback.DOWN:
+        _cached_answer_forget(message)
     return message
+
+
+def _cached_answer_forget(message: Message) -> None:
+    """An answer rated down is never served from the result cache again: the entry it
+    started, or, when it was served from the cache, the entry it was served from."""
+    generation = message.generation
+    if generation.cache in {CacheResult.MISS, ""}:
+        answer_cache.answer_forget(request_id=str(generation.request_id))
+        return
+    question = (
+        message.conversation.messages.filter(role=Message.Role.USER).order_by("created_at", "id").first()
+    )
+    variant = Variant.objects.filter(name=generation.variant).first()
+    vector = _question_vector(question.content) if question is not None else None
+    if variant is not None and vector is not None:
+        answer_cache.answer_forget_served(variant=variant, question=question.content, vector=vector)
 
 
 def guest_conversations_purge(*, older_than_days: int) -> int:

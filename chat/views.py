@@ -252,7 +252,7 @@ async def stream(request: HttpRequest, request_id: UUID) -> HttpResponse:
     except Message.DoesNotExist as exc:
         raise Http404("No such request.") from exc
     events = relay_events(
-        variant=message.generation.variant,
+        model=message.generation.model,
         request_id=str(request_id),
         after_id=parse_event_id(request.headers.get("Last-Event-ID")),
     )

@@ -235,6 +235,12 @@ KNOWLEDGE_MAX_EXCERPTS = env_int("KNOWLEDGE_MAX_EXCERPTS", 3)
 # Excerpts take their room from CHAT_HISTORY_MAX_CHARS, so the prompt's size stays the same.
 KNOWLEDGE_PROMPT_MAX_CHARS = env_int("KNOWLEDGE_PROMPT_MAX_CHARS", 1200)
 GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
+# The result cache (knowledge/cache.py): first-turn questions answered again from an earlier
+# good answer, without a GPU slot. A paraphrase matches at this cosine similarity or more:
+# all-MiniLM-L6-v2 scored near-misses (refund vs return policy, cancel vs change an order) up
+# to 0.79 and close paraphrases from 0.92 (docs/BENCHMARKS.md, "Result cache").
+ANSWER_CACHE_ENABLED = env_bool("ANSWER_CACHE_ENABLED", True)
+ANSWER_CACHE_MIN_SIMILARITY = env_float("ANSWER_CACHE_MIN_SIMILARITY", 0.88)
 
 # --- generation and streaming -------------------------------------------------------------
 GENERATION_MAX_TOKENS = env_int("GENERATION_MAX_TOKENS", 256)
@@ -367,7 +373,9 @@ CONSOLE_LIVE_PERIOD_S = env_float("CONSOLE_LIVE_PERIOD_S", 1.0)
 # --- inference worker -----------------------------------------------------------------------
 INFERENCE_ENGINE = env_str("INFERENCE_ENGINE", "vllm")
 INFERENCE_MODEL = env_str("INFERENCE_MODEL", str(VAR_DIR / "models" / "SmolLM2-135M-Instruct"))
-INFERENCE_VARIANT = env_str("INFERENCE_VARIANT", "stable")
+# The name this worker serves its model under: it answers every variant (scheduler.models.Variant)
+# whose `model` is this name. Queues, capacity, autoscaling and the warm pool are per model name.
+INFERENCE_MODEL_NAME = env_str("INFERENCE_MODEL_NAME", Path(INFERENCE_MODEL).name)
 INFERENCE_MAX_NUM_SEQS = env_int("INFERENCE_MAX_NUM_SEQS", 16)
 INFERENCE_MAX_MODEL_LEN = env_int("INFERENCE_MAX_MODEL_LEN", 2048)
 INFERENCE_KV_CACHE_GIB = env_int("INFERENCE_KV_CACHE_GIB", 1)

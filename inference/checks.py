@@ -6,10 +6,12 @@ which engine it runs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError
 
 ENGINES = ("vllm", "simulated")
 # After the drain: handing unfinished jobs back, and the engine's own shutdown (about 5 s for
@@ -113,3 +115,28 @@ def generation_check(**kwargs: Any) -> list[CheckMessage]:
             )
         )
     return messages
+
+
+@register(Tags.database)
+def served_model_check(*, databases: Iterable[str] | None = None, **kwargs: Any) -> list[CheckMessage]:
+    """A worker answers the variants whose model is its INFERENCE_MODEL_NAME: with none, it
+    claims nothing (the variants name the model as it was called when they were made)."""
+    if not databases or "default" not in databases:
+        return []
+    from scheduler.models import Variant
+
+    try:
+        models = set(Variant.objects.values_list("model", flat=True))
+    except DatabaseError:
+        return []  # not migrated yet: the migration names this model
+    if not models or settings.INFERENCE_MODEL_NAME in models:
+        return []
+    return [
+        Warning(
+            f"INFERENCE_MODEL_NAME = {settings.INFERENCE_MODEL_NAME!r}, but no variant names this "
+            f"model (they name {', '.join(sorted(models))}): a worker started so answers nothing.",
+            hint="Set INFERENCE_MODEL_NAME to a variant's model, or change a variant's model in the "
+            "console (Variants).",
+            id="inference.W003",
+        )
+    ]

@@ -77,12 +77,12 @@ GENERATIONS = Counter(
 JOBS_RECLAIMED = Counter(
     "llm_jobs_reclaimed_total",
     "Jobs of a dead worker whose expired lease this worker took over.",
-    ["variant"],
+    ["model"],
 )
 JOBS_DEAD_LETTERED = Counter(
     "llm_jobs_dead_lettered_total",
     "Jobs this worker moved to the dead-letter stream after they used up their attempts.",
-    ["variant"],
+    ["model"],
 )
 _HISTOGRAMS = (QUEUE_WAIT, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, END_TO_END_LATENCY, OUTPUT_TOKENS)
 
@@ -113,16 +113,27 @@ def answer_observe(*, variant: str, tier: str, outcome: GenerationOutcome) -> No
         INTER_TOKEN_LATENCY.labels(*labels).observe(itl_s)
 
 
-def series_init(variant: str) -> None:
-    """Create the worker's series at zero, so that the first answer of each kind is an
-    increase that rate() and the error-rate alert see, not the start of a new series."""
+_variants_seen: set[str] = set()
+
+
+def series_init(model: str) -> None:
+    """Create the worker's series at zero, so that the first of each is an increase that
+    rate() and the alerts see, not the start of a new series."""
+    JOBS_RECLAIMED.labels(model)
+    JOBS_DEAD_LETTERED.labels(model)
+
+
+def variant_series_init(variant: str) -> None:
+    """Likewise for a variant's answers, when the worker first starts one of its jobs (the
+    worker learns the variants of its model from the jobs)."""
+    if variant in _variants_seen:
+        return
+    _variants_seen.add(variant)
     for tier in keys.TIERS:
         for outcome in OUTCOMES:
             GENERATIONS.labels(variant, tier, outcome)
         for histogram in _HISTOGRAMS:
             histogram.labels(variant, tier)
-    JOBS_RECLAIMED.labels(variant)
-    JOBS_DEAD_LETTERED.labels(variant)
 
 
 # --- the worker's endpoint ----------------------------------------------------------------------
@@ -179,7 +190,7 @@ def worker_exporter_start() -> WSGIServer | None:
     """Start the exporter as configured (WORKER_METRICS_PORT 0: off) with the worker's series."""
     if not settings.WORKER_METRICS_PORT:
         return None
-    series_init(settings.INFERENCE_VARIANT)
+    series_init(settings.INFERENCE_MODEL_NAME)
     server = exporter_start(addr=settings.WORKER_METRICS_ADDR, port=settings.WORKER_METRICS_PORT)
     host = settings.WORKER_METRICS_ADDR
     logger.info("metrics at http://%s:%d/metrics", f"[{host}]" if ":" in host else host, server.server_port)

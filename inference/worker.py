@@ -1,10 +1,11 @@
 """The inference worker: claim jobs while there are free sequence slots, run them through the
 engine, publish their tokens, store the answers, and keep the registry told that it is alive.
 
-One worker process serves one model variant. Claims go VIP first; `vip_reserved_slots` slots
-are never filled with normal traffic. Jobs are acknowledged only after the answer is stored,
-so a worker that dies leaves its jobs pending, and another worker takes them over once their
-lease runs out.
+One worker process serves one model, and with it every variant on that model: a job carries
+its variant's prompt and sampling, so the worker needs nothing else to answer it. Claims go VIP
+first; `vip_reserved_slots` slots are never filled with normal traffic. Jobs are acknowledged
+only after the answer is stored, so a worker that dies leaves its jobs pending, and another
+worker takes them over once their lease runs out.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ class RedisGaveUp(Exception):
 
 @dataclass(frozen=True, slots=True)
 class WorkerConfig:
-    variant: str
+    model: str  # the model's serving name: this worker claims the jobs queued for it
     vip_reserved_slots: int
     lease_s: float
     max_attempts: int
@@ -79,7 +80,7 @@ class WorkerConfig:
     @classmethod
     def from_settings(cls) -> WorkerConfig:
         return cls(
-            variant=settings.INFERENCE_VARIANT,
+            model=settings.INFERENCE_MODEL_NAME,
             vip_reserved_slots=settings.VIP_RESERVED_SLOTS,
             lease_s=settings.JOB_LEASE_S,
             max_attempts=settings.JOB_MAX_ATTEMPTS,
@@ -124,18 +125,18 @@ class InferenceWorker:
     async def run(self) -> None:
         """Serve until drained or the engine dies (then raise EngineDeadError)."""
         client = async_redis()
-        self.queue = JobQueue(client, variant=self.config.variant, consumer=self.worker_id)
+        self.queue = JobQueue(client, model=self.config.model, consumer=self.worker_id)
         self.publisher = ResultPublisher(client)
         started = time.monotonic()
         await self.engine.start()
         logger.info(
-            "worker %s: engine %s ready in %.1fs, %d slots (%d reserved for VIP), variant %s",
+            "worker %s: engine %s ready in %.1fs, %d slots (%d reserved for VIP), model %s",
             self.worker_id,
             self.engine.label,
             time.monotonic() - started,
             self.slots,
             self.config.vip_reserved_slots,
-            self.config.variant,
+            self.config.model,
         )
         background: list[asyncio.Task] = []
         try:
@@ -163,7 +164,7 @@ class InferenceWorker:
             with contextlib.suppress(RedisGaveUp):
                 await self._retrying(
                     lambda: workers.heartbeat_remove(
-                        client, worker_id=self.worker_id, variant=self.config.variant
+                        client, worker_id=self.worker_id, model=self.config.model
                     )
                 )
             await self.engine.shutdown()
@@ -262,6 +263,7 @@ class InferenceWorker:
         except RedisGaveUp:
             return  # stopping: they are taken over after their lease
         for job in jobs:
+            worker_metrics.variant_series_init(job.generation.variant)
             entry = _Running(job=job, cancel_requested=job.request_id in cancelled)
             self.running[job.request_id] = entry
             entry.task = asyncio.create_task(self._serve(entry), name=f"job-{job.request_id}")
@@ -269,7 +271,7 @@ class InferenceWorker:
     # --- serving one job ------------------------------------------------------------------------
 
     def _emit(self, job: Job, body: EventBody) -> asyncio.Future[None]:
-        return self.publisher.emit(job.variant, job.request_id, body)
+        return self.publisher.emit(job.model, job.request_id, body)
 
     async def _serve(self, entry: _Running) -> None:
         job = entry.job
@@ -288,7 +290,7 @@ class InferenceWorker:
             return  # stopping without Redis: taken over after its lease
         except Exception:
             logger.exception("worker %s: job %s failed", self.worker_id, job.request_id)
-            worker_metrics.GENERATIONS.labels(job.variant, job.tier, "error").inc()
+            worker_metrics.GENERATIONS.labels(job.generation.variant, job.tier, "error").inc()
             self._release_slot(job)
             return  # left unacknowledged: taken over after its lease, up to max_attempts
         await self._retrying(lambda: self.queue.ack(job))
@@ -300,7 +302,7 @@ class InferenceWorker:
 
     async def _serve_job(self, entry: _Running) -> None:
         job = entry.job
-        previous = await last_event_type(self.queue.client, variant=job.variant, request_id=job.request_id)
+        previous = await last_event_type(self.queue.client, model=job.model, request_id=job.request_id)
         if previous in TERMINAL_EVENTS:
             return  # finished before the previous worker could acknowledge it
         if previous != Queued.type:
@@ -321,7 +323,7 @@ class InferenceWorker:
                 ),
             )
             return
-        self._emit(job, Start(worker=self.worker_id, variant=job.variant, attempt=job.attempt))
+        self._emit(job, Start(worker=self.worker_id, variant=job.generation.variant, attempt=job.attempt))
         request = GenerationRequest(
             request_id=job.request_id, messages=job.generation.messages, sampling=job.generation.sampling
         )
@@ -402,8 +404,9 @@ class InferenceWorker:
         job finished twice (reclaimed after its worker stored it) counts once."""
         stored = await database_sync_to_async(generation_finish)(request_id=job.request_id, outcome=outcome)
         if stored:
-            await timeseries.answer_record(self.queue.client, variant=job.variant, outcome=outcome)
-            worker_metrics.answer_observe(variant=job.variant, tier=job.tier, outcome=outcome)
+            variant = job.generation.variant
+            await timeseries.answer_record(self.queue.client, variant=variant, outcome=outcome)
+            worker_metrics.answer_observe(variant=variant, tier=job.tier, outcome=outcome)
         await self._retrying(
             lambda: request_finished(
                 self.queue.client, client_id=job.generation.client_id, request_id=job.request_id
@@ -440,11 +443,11 @@ class InferenceWorker:
         client = self.queue.client
         try:
             if self.draining:
-                await warmpool.serving_leave(client, variant=self.config.variant, worker_id=self.worker_id)
+                await warmpool.serving_leave(client, model=self.config.model, worker_id=self.worker_id)
                 return
-            needed = await database_sync_to_async(warmpool.serving_needed)(variant=self.config.variant)
+            needed = await database_sync_to_async(warmpool.serving_needed)(model=self.config.model)
             serves = await warmpool.serving_decide(
-                client, variant=self.config.variant, worker_id=self.worker_id, needed=needed
+                client, model=self.config.model, worker_id=self.worker_id, needed=needed
             )
         except (*REDIS_ERRORS, DatabaseError) as exc:
             # The last decision stands until a check succeeds.
@@ -466,7 +469,7 @@ class InferenceWorker:
         while True:
             stats = self.engine.stats()
             info = {
-                "variant": self.config.variant,
+                "model": self.config.model,
                 "engine": self.engine.label,
                 "slots": self.slots,
                 "vip_reserved_slots": self.config.vip_reserved_slots,
@@ -494,7 +497,7 @@ class InferenceWorker:
                 )
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: heartbeat failed (%s)", self.worker_id, exc)
-            await timeseries.queue_depth_record(self.queue.client, variant=self.config.variant)
+            await timeseries.queue_depth_record(self.queue.client, model=self.config.model)
             await asyncio.sleep(self.config.heartbeat_s)
 
     async def _lease_loop(self) -> None:
@@ -521,7 +524,7 @@ class InferenceWorker:
                 await self._dead_letter(job)
             if runnable:
                 logger.info("worker %s: took over %d jobs of a dead worker", self.worker_id, len(runnable))
-                worker_metrics.JOBS_RECLAIMED.labels(self.config.variant).inc(len(runnable))
+                worker_metrics.JOBS_RECLAIMED.labels(self.config.model).inc(len(runnable))
                 await self._start_jobs(runnable)
 
     async def _watch_loop(self) -> None:
@@ -563,7 +566,7 @@ class InferenceWorker:
             ),
         )
         await self.queue.dead_letter(job, reason="max_attempts")
-        worker_metrics.JOBS_DEAD_LETTERED.labels(job.variant).inc()
+        worker_metrics.JOBS_DEAD_LETTERED.labels(job.model).inc()
 
     # --- helpers ----------------------------------------------------------------------------------
 

@@ -1,9 +1,12 @@
-"""The help center: articles in Markdown, their chunks with embeddings, and one version number
-that every edit raises (the retrieval index and, later, cached answers key on it)."""
+"""The help center: articles in Markdown, their chunks with embeddings, one version number that
+every edit raises (the retrieval index and the cached answers key on it), and the result
+cache's entries."""
 
 from __future__ import annotations
 
 from django.db import models
+
+from scheduler.models import generation_link
 
 
 class Article(models.Model):
@@ -45,3 +48,38 @@ class KnowledgeBase(models.Model):
 
     version = models.PositiveBigIntegerField(default=1)
     updated_at = models.DateTimeField(auto_now=True)
+
+
+class CachedAnswer(models.Model):
+    """A first-turn question and the answer that may be served again for it, per variant and
+    prompt recipe (`context`, a hash of everything else that shapes the answer), on the
+    knowledge-base version it was answered from. See knowledge.cache for when one is stored,
+    served and dropped.
+
+    A generated entry is stored when its question is queued and names its generation; it is
+    served only once that generation finished well. A pinned entry holds an answer staff
+    approved, and outlives article edits until staff remove it.
+    """
+
+    variant = models.CharField(max_length=64)
+    context = models.CharField(max_length=64)
+    question = models.TextField()
+    question_hash = models.CharField(max_length=64)  # of the normalised question: exact matches
+    # float32 little-endian, unit length (knowledge.embedding.EMBEDDING_DIM values).
+    embedding = models.BinaryField()
+    kb_version = models.PositiveBigIntegerField()
+    sources = models.ManyToManyField(Article, related_name="cached_answers", blank=True)
+    generation = generation_link("cached_answer")
+    pinned_answer = models.TextField(blank=True)  # non-empty: staff approved this answer
+    pinned_by = models.CharField(max_length=150, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["variant", "context", "question_hash"])]
+
+    def __str__(self) -> str:
+        return f"{self.variant}: {self.question[:60]}"
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.pinned_answer)

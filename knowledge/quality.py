@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
-from django.conf import settings
 
 from inference.engines.base import Engine, GenerationRequest
 from knowledge.prompts import system_prompt_build
 from scheduler import control
 from scheduler.admission import AdmissionRefused, request_submit
 from scheduler.generation import AnswerFold, Error, GenerationJob, Origin, SamplingParams, Tier
+from scheduler.models import Variant
 from scheduler.policy import tier_policy
 from scheduler.results import result_follower
 from scheduler.rules import answer_wait_limit_s
@@ -39,8 +39,9 @@ QUESTIONS_PATH = Path(__file__).resolve().parent / "quality_questions.json"
 
 @dataclass(frozen=True, slots=True)
 class VariantSettings:
-    """What a variant answers with, as far as the score is concerned. Whoever stores variants
-    turns one into this value; the model itself is the one the answerer reaches."""
+    """What a variant answers with, as far as the score is concerned: a copy of its
+    scheduler.models.Variant row (`of`) taken when the score starts, so that an edit made while
+    it runs changes nothing of what it measures."""
 
     name: str
     assistant_prompt: str
@@ -48,17 +49,18 @@ class VariantSettings:
     top_p: float
     max_tokens: int
     use_help_center: bool = True
+    model: str = ""  # whose workers answer through the queue; "" for an engine in this process
 
     @classmethod
-    def defaults(cls, name: str) -> VariantSettings:
-        """The settings every variant answers the chat with today."""
-        sampling = SamplingParams.defaults()
+    def of(cls, variant: Variant) -> VariantSettings:
         return cls(
-            name=name,
-            assistant_prompt=settings.CHAT_SYSTEM_PROMPT,
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
+            name=variant.name,
+            assistant_prompt=variant.system_prompt,
+            temperature=variant.temperature,
+            top_p=variant.top_p,
+            max_tokens=variant.max_tokens,
+            use_help_center=variant.knowledge,
+            model=variant.model,
         )
 
     @property
@@ -267,8 +269,8 @@ def engine_answerer(engine: Engine) -> Answerer:
     return answer
 
 
-def queue_answerer(*, variant: str) -> Answerer:
-    """Answers from the live workers serving `variant`, through admission and the batch tier's
+def queue_answerer(*, variant: str, model: str) -> Answerer:
+    """Answers from the live workers serving `variant`'s `model`, through admission and the batch tier's
     queue, so that a score never takes capacity from customers. A refusal waits as long as it
     says and tries again, within the tier's longest answer wait."""
 
@@ -284,6 +286,7 @@ def queue_answerer(*, variant: str) -> Answerer:
                     client_id=f"quality:{variant}",
                     tier=Tier.BATCH,
                     variant=variant,
+                    model=model,
                     disconnect_grace_s=None,
                 )
                 try:
@@ -294,7 +297,7 @@ def queue_answerer(*, variant: str) -> Answerer:
                 break
             try:
                 async with result_follower().subscribe(
-                    variant=variant, request_id=job.request_id, after_id="0-0"
+                    model=model, request_id=job.request_id, after_id="0-0"
                 ) as subscription:
                     fold = AnswerFold()
                     while not fold.finished:

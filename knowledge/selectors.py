@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 from django.conf import settings
 from django.db.models import QuerySet
 from django.urls import reverse
@@ -23,6 +24,7 @@ __all__ = [
     "articles_public",
     "help_center_excerpts",
     "knowledge_base_version",
+    "question_vector",
 ]
 
 
@@ -60,18 +62,29 @@ class HelpCenterExcerpts:
         return tuple(dict.fromkeys(excerpt.source for excerpt in self.excerpts))
 
 
+def question_vector(question: str) -> np.ndarray:
+    """The question's embedding, as retrieval and the result cache compare it. Raises
+    EmbedderUnavailable when the embedding model is not prepared."""
+    (vector,) = embed([question])
+    return vector
+
+
 def help_center_excerpts(
-    *, question: str, max_chars: int | None = None, min_score: float | None = None
+    *,
+    question: str,
+    vector: np.ndarray | None = None,
+    max_chars: int | None = None,
+    min_score: float | None = None,
 ) -> HelpCenterExcerpts:
     """The passages most relevant to `question` that score at least `min_score` (default
     KNOWLEDGE_MIN_SCORE), at most KNOWLEDGE_MAX_EXCERPTS of them and `max_chars` (default
-    KNOWLEDGE_PROMPT_MAX_CHARS) of text in all.
+    KNOWLEDGE_PROMPT_MAX_CHARS) of text in all. `vector`: the question's, if already embedded.
 
     Raises EmbedderUnavailable when the embedding model is not prepared.
     """
     max_chars = settings.KNOWLEDGE_PROMPT_MAX_CHARS if max_chars is None else max_chars
     min_score = settings.KNOWLEDGE_MIN_SCORE if min_score is None else min_score
-    (query,) = embed([question])
+    query = question_vector(question) if vector is None else vector
     index = current_index.get()
     excerpts: list[Excerpt] = []
     room = max_chars

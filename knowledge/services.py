@@ -1,5 +1,6 @@
 """Writes to the help center. Every change re-chunks and re-embeds what it touched and raises
-the knowledge-base version in the same transaction, so the index and the version agree.
+the knowledge-base version in the same transaction, so the index and the version agree, and
+drops the cached answers the change made stale (knowledge.cache).
 
 The console audits these through admin_console.services; nothing else should call them directly.
 """
@@ -13,6 +14,7 @@ from django.db import transaction
 from django.db.models import F
 from django.utils.text import slugify
 
+from knowledge.cache import answers_invalidate
 from knowledge.chunking import article_chunks
 from knowledge.embedding import embed
 from knowledge.index import current_index
@@ -30,9 +32,12 @@ class ArticleFile:
     body: str
 
 
-def _version_raise() -> None:
+def _version_raise(article: Article, *, added: bool) -> None:
+    """A new version for a change to `article`, and the cached answers it fed dropped (`added`:
+    the change brings text the help center did not have: a new or restored article)."""
     if not KnowledgeBase.objects.filter(pk=1).update(version=F("version") + 1):
         KnowledgeBase.objects.get_or_create(pk=1, defaults={"version": 1})
+    answers_invalidate(article=article, new_version=KnowledgeBase.objects.get(pk=1).version, added=added)
     # This process searches the new version at once; the others notice within VERSION_CHECK_S.
     transaction.on_commit(current_index.forget)
 
@@ -55,7 +60,7 @@ def article_create(*, slug: str, title: str, body: str) -> Article:
     with transaction.atomic():
         article.save()
         _chunks_replace(article)
-        _version_raise()
+        _version_raise(article, added=True)
     return article
 
 
@@ -70,7 +75,7 @@ def article_update(*, article: Article, title: str, body: str, slug: str | None 
     with transaction.atomic():
         article.save()
         _chunks_replace(article)
-        _version_raise()
+        _version_raise(article, added=True)
     return True
 
 
@@ -81,7 +86,7 @@ def article_status_set(*, article: Article, status: Article.Status) -> bool:
     with transaction.atomic():
         article.status = status
         article.save(update_fields=["status", "updated_at"])
-        _version_raise()
+        _version_raise(article, added=status == Article.Status.ACTIVE)
     return True
 
 

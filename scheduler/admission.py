@@ -13,12 +13,15 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
+from django.utils import timezone
 
 from scheduler import keys, metrics, timeseries
-from scheduler.generation import GenerationJob, Tier
+from scheduler.generation import Done, GenerationJob, Start, Tier, Timings, Token, Usage, event_encode
+from scheduler.models import Generation
 from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
 from scheduler.rate_limits import Bucket, address_scope, rate_limit_refund, rate_limit_take
+from scheduler.redis import sync_redis
 from scheduler.services import generation_create, generation_discard
 
 # A client over its concurrency limit may retry when one of its answers is done; answers take
@@ -49,6 +52,7 @@ class AdmissionRefused(Exception):
 class Admission:
     request_id: str
     variant: str
+    model: str
     tier: Tier
     position: int
     predicted_wait_s: float
@@ -107,27 +111,41 @@ def request_admit(*, job: GenerationJob, client_address: str | None = None) -> A
     return admission
 
 
+def _rate_limit(job: GenerationJob, policy: Policy, buckets: list[Bucket]) -> None:
+    """Take the request's tokens and count it in progress, or raise AdmissionRefused (429)."""
+    decision = rate_limit_take(
+        buckets,
+        inflight_key=keys.inflight(job.client_id),
+        max_inflight=policy.max_concurrent_per_user,
+        request_id=job.request_id,
+        lapse_s=policy.max_wait_s + settings.GENERATION_TIMEOUT_S,
+    )
+    if not decision.allowed:
+        concurrency = decision.limited_by == "concurrency"
+        raise AdmissionRefused(
+            status=429,
+            reason="too_many_in_progress" if concurrency else f"rate_limited_{decision.limited_by}",
+            retry_after_s=CONCURRENCY_RETRY_AFTER_S if concurrency else decision.retry_after_s,
+            message=_MESSAGES[decision.limited_by or "global"],
+        )
+
+
+def _unavailable(exc: Exception) -> AdmissionRefused:
+    return AdmissionRefused(
+        status=503,
+        reason="scheduler_unavailable",
+        retry_after_s=5,
+        message="The service is briefly unavailable. Please try again in a few seconds.",
+    )
+
+
 def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
     request_id, client_id = job.request_id, job.client_id
     try:
         policy = tier_policy(job.tier)
         buckets = _buckets(policy, client_id, client_address)
         inflight_key = keys.inflight(client_id)
-        decision = rate_limit_take(
-            buckets,
-            inflight_key=inflight_key,
-            max_inflight=policy.max_concurrent_per_user,
-            request_id=request_id,
-            lapse_s=policy.max_wait_s + settings.GENERATION_TIMEOUT_S,
-        )
-        if not decision.allowed:
-            concurrency = decision.limited_by == "concurrency"
-            raise AdmissionRefused(
-                status=429,
-                reason="too_many_in_progress" if concurrency else f"rate_limited_{decision.limited_by}",
-                retry_after_s=CONCURRENCY_RETRY_AFTER_S if concurrency else decision.retry_after_s,
-                message=_MESSAGES[decision.limited_by or "global"],
-            )
+        _rate_limit(job, policy, buckets)
         queued = job_enqueue(
             tier=job.tier if settings.SCHEDULER_PRIORITY else Tier.NORMAL,
             job=job,
@@ -138,12 +156,7 @@ def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
         if not queued.admitted:
             rate_limit_refund(buckets, inflight_key=inflight_key, request_id=request_id)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        raise AdmissionRefused(
-            status=503,
-            reason="scheduler_unavailable",
-            retry_after_s=5,
-            message="The service is briefly unavailable. Please try again in a few seconds.",
-        ) from exc
+        raise _unavailable(exc) from exc
     if not queued.admitted:
         raise AdmissionRefused(
             status=503,
@@ -154,9 +167,93 @@ def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
     return Admission(
         request_id=request_id,
         variant=job.variant,
+        model=job.model,
         tier=job.tier,
         position=queued.position,
         predicted_wait_s=queued.predicted_wait_s,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class CachedAnswer:
+    """An answer the result cache found for a request (knowledge.cache decides what may be)."""
+
+    text: str
+    result: str  # scheduler.models.CacheResult: exact, semantic or pinned
+    lookup_ms: float
+    saved_engine_ms: float  # what generating it took the engine
+    completion_tokens: int
+
+
+def request_answer_cached(
+    *, job: GenerationJob, answer: CachedAnswer, client_address: str | None = None
+) -> Admission:
+    """Answer a request from the result cache: no queue, no worker, no GPU slot. The request
+    still passes its rate limits (a hit is cheap, a flood of them is not free), gets its
+    record, finished at once, and a result stream in the same contract as a generated answer,
+    whose `done` says `cached`. Raises AdmissionRefused as request_submit does."""
+    generation_create(job=job)
+    return request_admit_cached(job=job, answer=answer, client_address=client_address)
+
+
+def request_admit_cached(
+    *, job: GenerationJob, answer: CachedAnswer, client_address: str | None = None
+) -> Admission:
+    """request_answer_cached for a request whose record the caller has already written (in
+    its own transaction, with what it stores beside it); a refusal discards the record."""
+    try:
+        policy = tier_policy(job.tier)
+        _rate_limit(job, policy, _buckets(policy, job.client_id, client_address))
+        usage = Usage(completion_tokens=answer.completion_tokens)
+        events = [
+            Start(worker="cache", variant=job.variant, attempt=1),
+            Token(seq=0, text=answer.text),
+            Done(
+                finish_reason="stop",
+                usage=usage,
+                timings=Timings(
+                    queue_ms=0.0, ttft_ms=answer.lookup_ms, duration_ms=answer.lookup_ms, engine="cache"
+                ),
+                cached=True,
+            ),
+        ]
+        Generation.objects.filter(request_id=job.request_id).update(
+            status=Generation.Status.DONE,
+            text=answer.text,
+            finish_reason="stop",
+            completion_tokens=answer.completion_tokens,
+            queue_ms=0.0,
+            ttft_ms=answer.lookup_ms,
+            duration_ms=answer.lookup_ms,
+            engine="cache",
+            cache=answer.result,
+            cache_lookup_ms=answer.lookup_ms,
+            saved_engine_ms=answer.saved_engine_ms,
+            finished_at=timezone.now(),
+        )
+        stream = keys.result(job.model, job.request_id)
+        pipe = sync_redis().pipeline(transaction=True)
+        for body in events:
+            kind, data = event_encode(body)
+            pipe.xadd(stream, {"type": kind, "data": data})
+        pipe.expire(stream, settings.RESULT_TTL_S)
+        pipe.zrem(keys.inflight(job.client_id), job.request_id)
+        pipe.execute()
+    except AdmissionRefused as refusal:
+        generation_discard(request_id=job.request_id)
+        metrics.admission_record(tier=job.tier, status=refusal.status, reason=refusal.reason)
+        raise
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        Generation.objects.filter(request_id=job.request_id).delete()
+        raise _unavailable(exc) from exc
+    metrics.admission_record(tier=job.tier)
+    return Admission(
+        request_id=job.request_id,
+        variant=job.variant,
+        model=job.model,
+        tier=job.tier,
+        position=0,
+        predicted_wait_s=0.0,
     )
 
 

@@ -1,4 +1,4 @@
-"""How many inference workers each variant needs now: the signal Kubernetes scales them on.
+"""How many inference workers each model needs now: the signal Kubernetes scales them on.
 
 Little's law per tier: a tier needs the capacity to take its admitted arrivals as they come
 and to clear what is already queued within the tier's wait SLO. A worker finishes its slots
@@ -40,7 +40,7 @@ class TierDemand:
 
 @dataclass(frozen=True, slots=True)
 class WorkerShape:
-    """What one worker of the variant can do, from the live workers' heartbeats."""
+    """What one worker of the model can do, from the live workers' heartbeats."""
 
     slots: float
     vip_reserved_slots: float
@@ -61,7 +61,7 @@ def workers_needed(*, demands: list[TierDemand], shape: WorkerShape, target_util
 
 
 def worker_shape(workers: list[WorkerInfo]) -> WorkerShape:
-    """The mean over the variant's serving workers; settings' values while none reports."""
+    """The mean over the model's serving workers; settings' values while none reports."""
     serving = [worker for worker in workers if not worker.state.get("draining")]
     if not serving:
         return WorkerShape(
@@ -83,10 +83,10 @@ def worker_shape(workers: list[WorkerInfo]) -> WorkerShape:
     )
 
 
-def workers_desired(*, variant: str, workers: list[WorkerInfo], queued: Mapping[str, int]) -> int:
-    """The variant's worker count for now. `workers` are every live worker (any variant) and
-    `queued` the variant's queue depth per tier, both as the caller already read them."""
-    arrivals = arrival_rates(variant=variant)
+def workers_desired(*, model: str, workers: list[WorkerInfo], queued: Mapping[str, int]) -> int:
+    """The model's worker count for now. `workers` are every live worker (any model) and
+    `queued` the model's queue depth per tier, both as the caller already read them."""
+    arrivals = arrival_rates(model=model)
     demands = [
         TierDemand(
             tier=tier,
@@ -98,6 +98,6 @@ def workers_desired(*, variant: str, workers: list[WorkerInfo], queued: Mapping[
     ]
     return workers_needed(
         demands=demands,
-        shape=worker_shape([worker for worker in workers if worker.variant == variant]),
+        shape=worker_shape([worker for worker in workers if worker.model == model]),
         target_utilization=settings.AUTOSCALE_TARGET_UTILIZATION,
     )

@@ -13,8 +13,6 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any, ClassVar
 
-from django.conf import settings
-
 
 class Tier(StrEnum):
     """Service tiers, in claim order: VIP first, batch last."""
@@ -83,14 +81,6 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     structured: StructuredOutput | None = None
 
-    @classmethod
-    def defaults(cls) -> SamplingParams:
-        return cls(
-            max_tokens=settings.GENERATION_MAX_TOKENS,
-            temperature=settings.GENERATION_TEMPERATURE,
-            top_p=settings.GENERATION_TOP_P,
-        )
-
     def to_dict(self) -> dict[str, Any]:
         return {
             "max_tokens": self.max_tokens,
@@ -151,7 +141,8 @@ class GenerationJob:
     sampling: SamplingParams
     client_id: str  # whose concurrency limit the request counts against
     tier: Tier
-    variant: str
+    variant: str  # which variant's prompt and sampling these are (recorded, counted per variant)
+    model: str  # whose workers answer it: the variant's model, resolved when it was built
     # How long the request may go unwatched before the worker cancels it; None: never (batch).
     disconnect_grace_s: float | None
 
@@ -165,6 +156,7 @@ class GenerationJob:
                 "client_id": self.client_id,
                 "tier": str(self.tier),
                 "variant": self.variant,
+                "model": self.model,
                 "disconnect_grace_s": self.disconnect_grace_s,
             }
         )
@@ -180,6 +172,7 @@ class GenerationJob:
             client_id=data["client_id"],
             tier=Tier(data["tier"]),
             variant=data["variant"],
+            model=data["model"],
             disconnect_grace_s=data["disconnect_grace_s"],
         )
 
@@ -283,12 +276,14 @@ class Reset:
 
 @dataclass(frozen=True, slots=True)
 class Done:
-    """The answer ended normally; `finish_reason` "cancelled" when it was stopped."""
+    """The answer ended normally; `finish_reason` "cancelled" when it was stopped. `cached`:
+    the answer came from the result cache (knowledge.cache), not from a worker."""
 
     type: ClassVar[str] = "done"
     finish_reason: str
     usage: Usage = field(default_factory=Usage)
     timings: Timings | None = None
+    cached: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -313,6 +308,7 @@ def event_data(body: EventBody) -> dict[str, Any]:
             "finish_reason": body.finish_reason,
             "usage": asdict(body.usage),
             "timings": asdict(body.timings) if body.timings is not None else {},
+            "cached": body.cached,
         }
     return asdict(body)
 
@@ -347,6 +343,7 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
             finish_reason=data["finish_reason"],
             usage=Usage(**(data.get("usage") or {})),
             timings=Timings(**timings) if timings else None,
+            cached=bool(data.get("cached", False)),
         )
     if kind == Error.type:
         return Error(code=data["code"], message=data["message"])

@@ -1,6 +1,6 @@
 """Every Redis key and channel name the project uses, in one place.
 
-Keys of one variant's queues share the hash tag `{variant}` so they live in one Redis Cluster
+Keys of one model's queues share the hash tag `{model}` so they live in one Redis Cluster
 slot; rate-limit buckets share `{rl}` so one Lua script may touch several of them.
 """
 
@@ -10,42 +10,42 @@ TIERS = tuple(Tier)  # claim order: VIP first, batch last
 CONSUMER_GROUP = "workers"
 
 
-def queue(variant: str, tier: str) -> str:
-    return f"llm:{{{variant}}}:queue:{tier}"
+def queue(model: str, tier: str) -> str:
+    return f"llm:{{{model}}}:queue:{tier}"
 
 
-def enqueue_seq(variant: str, tier: str) -> str:
+def enqueue_seq(model: str, tier: str) -> str:
     """Counter stamped on each job at enqueue; with `claimed_seq` it gives queue positions."""
-    return f"llm:{{{variant}}}:enqueued:{tier}"
+    return f"llm:{{{model}}}:enqueued:{tier}"
 
 
-def claimed_seq(variant: str, tier: str) -> str:
-    return f"llm:{{{variant}}}:claimed:{tier}"
+def claimed_seq(model: str, tier: str) -> str:
+    return f"llm:{{{model}}}:claimed:{tier}"
 
 
-def capacity(variant: str) -> str:
+def capacity(model: str) -> str:
     """Hash: worker id -> "jobs/s all tiers|jobs/s normal|unix time", for wait predictions."""
-    return f"llm:{{{variant}}}:capacity"
+    return f"llm:{{{model}}}:capacity"
 
 
-def serving(variant: str) -> str:
-    """Sorted set: worker id -> last heartbeat of the variant's workers that claim, the others
+def serving(model: str) -> str:
+    """Sorted set: worker id -> last heartbeat of the model's workers that claim, the others
     being warm spares (see scheduler/warmpool.py)."""
-    return f"llm:{{{variant}}}:serving"
+    return f"llm:{{{model}}}:serving"
 
 
-def arrivals(variant: str, tier: str, bucket_start: int) -> str:
+def arrivals(model: str, tier: str, bucket_start: int) -> str:
     """Counter: jobs admitted to the tier in the few seconds from `bucket_start` (expires)."""
-    return f"llm:{{{variant}}}:arrivals:{tier}:{bucket_start}"
+    return f"llm:{{{model}}}:arrivals:{tier}:{bucket_start}"
 
 
-def dead_letter(variant: str) -> str:
-    return f"llm:{{{variant}}}:dead"
+def dead_letter(model: str) -> str:
+    return f"llm:{{{model}}}:dead"
 
 
-def result(variant: str, request_id: str) -> str:
+def result(model: str, request_id: str) -> str:
     """The request's event stream (queued, start, token, reset, done, error), replayable."""
-    return f"llm:{{{variant}}}:result:{request_id}"
+    return f"llm:{{{model}}}:result:{request_id}"
 
 
 def relay_wake(follower_id: str) -> str:
@@ -95,12 +95,12 @@ def policy(tier: str) -> str:
     return f"llm:{{rl}}:policy:{tier}"
 
 
-def watchers(variant: str, request_id: str) -> str:
+def watchers(model: str, request_id: str) -> str:
     """Hash: how many clients follow the request's stream, and since when none has."""
-    return f"llm:{{{variant}}}:watch:{request_id}"
+    return f"llm:{{{model}}}:watch:{request_id}"
 
 
-WARM_SPARES = "llm:warm-spares"  # string: the console's number of warm spare workers per variant
+WARM_SPARES = "llm:warm-spares"  # string: the console's number of warm spare workers per model
 CANARY = "llm:canary"  # hash: the console's canary split (stable, candidate, split_percent, salt)
 
 

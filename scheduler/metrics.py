@@ -30,7 +30,7 @@ from scheduler import keys
 from scheduler.autoscale import workers_desired
 from scheduler.policy import tier_policy
 from scheduler.queues import queue_state
-from scheduler.routing import canary_split
+from scheduler.routing import canary_split, variant_models
 from scheduler.warmpool import warm_spares
 from scheduler.workers import WorkerInfo, live_workers
 
@@ -91,11 +91,12 @@ class FleetCollector(Collector):
 def _fleet_metrics() -> Iterator[Metric]:
     split = canary_split()
     workers = live_workers()
-    # Every variant that traffic can reach gets its series, with zeros when nobody serves it:
-    # a canary candidate without a live worker is exactly what the alerts must see.
-    variants = {split.stable_variant, *(worker.variant for worker in workers)}
+    # Every model that traffic can reach gets its series, with zeros when nobody serves it:
+    # a canary candidate whose model has no live worker is exactly what the alerts must see.
+    routed = [split.stable_variant]
     if split.candidate_variant and split.split_percent > 0:
-        variants.add(split.candidate_variant)
+        routed.append(split.candidate_variant)
+    models = {*variant_models(routed), *(worker.model for worker in workers)}
 
     canary = GaugeMetricFamily(
         "llm_canary_split_percent",
@@ -108,28 +109,28 @@ def _fleet_metrics() -> Iterator[Metric]:
     depth = GaugeMetricFamily(
         "llm_queue_depth",
         "Jobs waiting in the queue, not yet claimed by a worker.",
-        labels=["variant", "tier"],
+        labels=["model", "tier"],
     )
     wait = GaugeMetricFamily(
         "llm_queue_predicted_wait_seconds",
         "Predicted wait of a job enqueued now (jobs ahead of it over the drain rate); admission "
         "refuses a job whose predicted wait is over its tier's SLO.",
-        labels=["variant", "tier"],
+        labels=["model", "tier"],
     )
     drain = GaugeMetricFamily(
         "llm_queue_drain_rate_jobs_per_second",
         "Jobs per second the live workers can take from the tier (their slots over their mean "
         "service time; a floor while none reports).",
-        labels=["variant", "tier"],
+        labels=["model", "tier"],
     )
     queued: dict[str, dict[str, int]] = {}
-    for variant in sorted(variants):
+    for model in sorted(models):
         for tier in keys.TIERS:
-            state = queue_state(variant=variant, tier=tier)
-            queued.setdefault(variant, {})[tier] = state.queued
-            depth.add_metric([variant, tier], state.queued)
-            wait.add_metric([variant, tier], state.predicted_wait_s)
-            drain.add_metric([variant, tier], state.drain_rate_per_s)
+            state = queue_state(model=model, tier=tier)
+            queued.setdefault(model, {})[tier] = state.queued
+            depth.add_metric([model, tier], state.queued)
+            wait.add_metric([model, tier], state.predicted_wait_s)
+            drain.add_metric([model, tier], state.drain_rate_per_s)
     slo = GaugeMetricFamily(
         "llm_queue_wait_slo_seconds",
         "Longest predicted wait admission still admits (the tier's policy, edited in the console).",
@@ -140,30 +141,27 @@ def _fleet_metrics() -> Iterator[Metric]:
     yield from (depth, wait, drain, slo)
 
     live = GaugeMetricFamily(
-        "llm_workers_live", "Inference workers with a fresh heartbeat.", labels=["variant"]
+        "llm_workers_live", "Inference workers with a fresh heartbeat.", labels=["model"]
     )
     desired = GaugeMetricFamily(
         "llm_workers_desired",
-        "Inference workers the variant needs now: admitted arrivals plus the queue cleared within "
+        "Inference workers the model needs now: admitted arrivals plus the queue cleared within "
         "each tier's wait SLO, over what a worker finishes per second (slots outside the VIP "
         "reserve for normal and batch), at AUTOSCALE_TARGET_UTILIZATION. KEDA scales on it.",
-        labels=["variant"],
+        labels=["model"],
     )
     spare = GaugeMetricFamily(
         "llm_workers_spare",
         "Live workers waiting as warm spares: engine loaded, claiming nothing until needed.",
-        labels=["variant"],
+        labels=["model"],
     )
-    for variant in sorted(variants):
-        live.add_metric([variant], sum(1 for worker in workers if worker.variant == variant))
-        spare.add_metric([variant], sum(1 for w in workers if w.variant == variant and w.state.get("spare")))
-        desired.add_metric(
-            [variant], workers_desired(variant=variant, workers=workers, queued=queued[variant])
-        )
+    for model in sorted(models):
+        live.add_metric([model], sum(1 for worker in workers if worker.model == model))
+        spare.add_metric([model], sum(1 for w in workers if w.model == model and w.state.get("spare")))
+        desired.add_metric([model], workers_desired(model=model, workers=workers, queued=queued[model]))
     spares_wanted = GaugeMetricFamily(
         "llm_workers_warm_spares",
-        "Warm spares each variant keeps beyond llm_workers_desired (set in the console); KEDA "
-        "scales to both.",
+        "Warm spares each model keeps beyond llm_workers_desired (set in the console); KEDA scales to both.",
     )
     spares_wanted.add_metric([], warm_spares())
     yield from (live, spare, desired, spares_wanted)
@@ -172,7 +170,7 @@ def _fleet_metrics() -> Iterator[Metric]:
 
 def _worker_metrics(workers: list[WorkerInfo]) -> Iterator[Metric]:
     """Each live worker's last heartbeat: what it runs, and its engine's cache and memory."""
-    labels = ["worker", "variant", "engine"]
+    labels = ["worker", "model", "engine"]
 
     def family(name: str, documentation: str, extra: tuple[str, ...] = ()) -> GaugeMetricFamily:
         return GaugeMetricFamily(name, documentation, labels=[*labels, *extra])
@@ -194,7 +192,7 @@ def _worker_metrics(workers: list[WorkerInfo]) -> Iterator[Metric]:
         ("source",),
     )
     for worker in workers:
-        values = [worker.worker_id, worker.variant, worker.engine]
+        values = [worker.worker_id, worker.model, worker.engine]
         running.add_metric(values, worker.running)
         slots.add_metric(values, worker.slots)
         # .get: a worker of an older release, still heartbeating during a rollout, may lack these.

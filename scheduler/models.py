@@ -1,15 +1,14 @@
-"""The tier policies, the canary split and the warm pool's size (stored here, mirrored into
-Redis where admission, routing and the workers apply them), and the record of every generation
-request."""
+"""The tier policies, the model variants, the canary split and the warm pool's size (stored
+here, mirrored into Redis where admission, routing and the workers apply them), and the record of
+every generation request."""
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
-from scheduler.generation import Origin, Tier
+from scheduler.generation import Origin, SamplingParams, Tier
 from scheduler.rules import tier_policy_problems
 
 TIER_CHOICES = [(tier.value, tier.label) for tier in Tier]
@@ -63,6 +62,41 @@ class TierPolicy(models.Model):
             raise ValidationError(errors)
 
 
+class Variant(models.Model):
+    """One way of answering, as data: the model, the system prompt, the sampling defaults, and
+    whether the help center feeds the prompt. Staff edit variants in the console (audited).
+
+    Variants on the same `model` share its workers: the web builds the prompt and sampling from
+    the variant and the queued job carries them, so one worker and one model answer a stable
+    and a candidate that differ in prompt or sampling. Which variant is stable and which is the
+    canary's candidate is not a field here: CanaryRouting says it (the console's canary moves
+    it), so there is one owner of that role.
+    """
+
+    name = models.SlugField(max_length=64, unique=True)
+    model = models.CharField(
+        max_length=128,
+        help_text="The model's serving name: workers whose INFERENCE_MODEL_NAME is this answer the variant.",
+    )
+    system_prompt = models.TextField(help_text="Comes first in every chat prompt of this variant.")
+    temperature = models.FloatField(validators=[MinValueValidator(0.0), MaxValueValidator(2.0)])
+    top_p = models.FloatField(validators=[MinValueValidator(0.01), MaxValueValidator(1.0)])
+    max_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(4096)])
+    knowledge = models.BooleanField(default=True, help_text="Answer from the help center's excerpts.")
+    description = models.CharField(max_length=200, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+    def sampling(self) -> SamplingParams:
+        """The chat's sampling for this variant (API callers choose their own)."""
+        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
+
+
 class CanaryRouting(models.Model):
     """Which variant answers new conversations: one row, edited by the console's canary controls.
 
@@ -92,8 +126,8 @@ class CanaryRouting(models.Model):
 
     @classmethod
     def load(cls) -> CanaryRouting:
-        """The one row, created on first use with the worker's default variant as stable."""
-        routing, _ = cls.objects.get_or_create(pk=1, defaults={"stable_variant": settings.INFERENCE_VARIANT})
+        """The one row, created on first use with the variant `stable` (made by a migration)."""
+        routing, _ = cls.objects.get_or_create(pk=1, defaults={"stable_variant": "stable"})
         return routing
 
 
@@ -113,6 +147,13 @@ class WarmPool(models.Model):
         return pool
 
 
+class CacheResult(models.TextChoices):
+    MISS = "miss", "Miss"
+    EXACT = "exact", "Exact match"
+    SEMANTIC = "semantic", "Semantic match"
+    PINNED = "pinned", "Pinned answer"
+
+
 class Generation(models.Model):
     """One generation request, whatever door it came in by (chat, API, batch): created when it
     is admitted, finished once by its worker (scheduler.services.generation_finish). Chat
@@ -127,6 +168,7 @@ class Generation(models.Model):
     request_id = models.UUIDField(unique=True)
     origin = models.CharField(max_length=16, choices=[(o.value, o.label) for o in Origin])
     variant = models.CharField(max_length=64)
+    model = models.CharField(max_length=128, blank=True)  # the queue it went to: its variant's model
     tier = models.CharField(max_length=16, choices=TIER_CHOICES)
     client_id = models.CharField(max_length=128, blank=True)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
@@ -140,6 +182,12 @@ class Generation(models.Model):
     ttft_ms = models.FloatField(null=True, blank=True)
     duration_ms = models.FloatField(null=True, blank=True)
     engine = models.CharField(max_length=128, blank=True)  # e.g. "simulated", "vllm:SmolLM2-..."
+    # The result cache's verdict on a request it looked up (blank: not looked up, e.g. a later
+    # turn or a question with personal data), how long the lookup took, and for a hit the
+    # engine time of the answer it served instead of generating one.
+    cache = models.CharField(max_length=16, choices=CacheResult.choices, blank=True)
+    cache_lookup_ms = models.FloatField(null=True, blank=True)
+    saved_engine_ms = models.FloatField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 
@@ -147,6 +195,8 @@ class Generation(models.Model):
         indexes = [
             # The canary's per-variant numbers over a recent window.
             models.Index(fields=["variant", "finished_at"]),
+            # The console's cache figures over a recent window.
+            models.Index(fields=["created_at", "cache"]),
         ]
 
     def __str__(self) -> str:

@@ -1,4 +1,4 @@
-"""Durable job queues: one Redis stream per (variant, tier), read through a consumer group.
+"""Durable job queues: one Redis stream per (model, tier), read through a consumer group.
 
 Enqueue is one Lua script that checks the queue bound and the predicted wait (Little's law:
 jobs ahead / drain rate) and, when admitted, adds the job and its `queued` result
@@ -198,10 +198,10 @@ return removed
 )
 
 
-def _higher_tier_keys(variant: str, tier: str) -> list[str]:
+def _higher_tier_keys(model: str, tier: str) -> list[str]:
     higher: list[str] = []
     for other in keys.TIERS[: keys.TIERS.index(tier)]:
-        higher += [keys.enqueue_seq(variant, other), keys.claimed_seq(variant, other)]
+        higher += [keys.enqueue_seq(model, other), keys.claimed_seq(model, other)]
     return higher
 
 
@@ -210,7 +210,7 @@ class Job:
     """A queue entry: the generation job, where it queued, and when (by Redis's clock)."""
 
     entry_id: str
-    variant: str
+    model: str
     tier: str  # the queue it was in (all normal when priority scheduling is off)
     request_id: str
     seq: int
@@ -220,12 +220,12 @@ class Job:
     attempt: int = 1
 
     @classmethod
-    def from_entry(cls, variant: str, tier: str, entry_id: str, fields: Any, attempt: int = 1) -> Job:
+    def from_entry(cls, model: str, tier: str, entry_id: str, fields: Any, attempt: int = 1) -> Job:
         if isinstance(fields, list):  # raw Lua reply: [k1, v1, k2, v2, ...]
             fields = dict(zip(fields[::2], fields[1::2], strict=True))
         return cls(
             entry_id=entry_id,
-            variant=variant,
+            model=model,
             tier=tier,
             request_id=fields["request_id"],
             seq=int(fields["seq"]),
@@ -259,18 +259,18 @@ def job_enqueue(
     wait_slo_s: float,
     max_wait_s: float,
 ) -> EnqueueResult:
-    variant, request_id = job.variant, job.request_id
+    model, request_id = job.model, job.request_id
     # The job counts as accepted once enough replicas have it too (REDIS_WAIT_REPLICAS).
     pipe = sync_redis().pipeline(transaction=False)
     sync_script(_ENQUEUE)(
         keys=[
-            keys.queue(variant, tier),
-            keys.enqueue_seq(variant, tier),
-            keys.claimed_seq(variant, tier),
-            keys.capacity(variant),
-            keys.result(variant, request_id),
-            keys.arrivals(variant, tier, _arrival_bucket(time.time())),
-            *_higher_tier_keys(variant, tier),
+            keys.queue(model, tier),
+            keys.enqueue_seq(model, tier),
+            keys.claimed_seq(model, tier),
+            keys.capacity(model),
+            keys.result(model, request_id),
+            keys.arrivals(model, tier, _arrival_bucket(time.time())),
+            *_higher_tier_keys(model, tier),
         ],
         args=[
             max_queued,
@@ -305,16 +305,14 @@ def _arrival_bucket(at: float) -> int:
     return int(at // ARRIVAL_BUCKET_S * ARRIVAL_BUCKET_S)
 
 
-def arrival_rates(*, variant: str, now: float | None = None) -> dict[str, float]:
-    """Jobs admitted per second to each of the variant's tiers, over the last
+def arrival_rates(*, model: str, now: float | None = None) -> dict[str, float]:
+    """Jobs admitted per second to each of the model's tiers, over the last
     AUTOSCALE_ARRIVAL_WINDOW_S (whole buckets, the current one up to now)."""
     now = time.time() if now is None else now
     current = _arrival_bucket(now)
     first = _arrival_bucket(now - settings.AUTOSCALE_ARRIVAL_WINDOW_S)
     starts = range(first, current + 1, ARRIVAL_BUCKET_S)
-    counts = sync_redis().mget(
-        [keys.arrivals(variant, tier, start) for tier in keys.TIERS for start in starts]
-    )
+    counts = sync_redis().mget([keys.arrivals(model, tier, start) for tier in keys.TIERS for start in starts])
     elapsed_s = max(now - first, 1.0)
     per_tier = len(starts)
     return {
@@ -323,13 +321,13 @@ def arrival_rates(*, variant: str, now: float | None = None) -> dict[str, float]
     }
 
 
-def _queue_state_call(variant: str, tier: str) -> dict[str, list]:
+def _queue_state_call(model: str, tier: str) -> dict[str, list]:
     return {
         "keys": [
-            keys.enqueue_seq(variant, tier),
-            keys.claimed_seq(variant, tier),
-            keys.capacity(variant),
-            *_higher_tier_keys(variant, tier),
+            keys.enqueue_seq(model, tier),
+            keys.claimed_seq(model, tier),
+            keys.capacity(model),
+            *_higher_tier_keys(model, tier),
         ],
         "args": [tier, settings.WORKER_HEARTBEAT_TTL_S, MIN_DRAIN_RATE],
     }
@@ -342,27 +340,27 @@ def _queue_state(reply: list) -> QueueState:
     )
 
 
-def queue_state(*, variant: str, tier: str) -> QueueState:
+def queue_state(*, model: str, tier: str) -> QueueState:
     """The tier's queue as the console shows it: queued jobs, predicted wait and drain rate."""
-    return _queue_state(sync_script(_QUEUE_STATE)(**_queue_state_call(variant, tier)))
+    return _queue_state(sync_script(_QUEUE_STATE)(**_queue_state_call(model, tier)))
 
 
-async def queue_state_async(client: aioredis.Redis, *, variant: str, tier: str) -> QueueState:
-    return _queue_state(await async_script(client, _QUEUE_STATE)(**_queue_state_call(variant, tier)))
+async def queue_state_async(client: aioredis.Redis, *, model: str, tier: str) -> QueueState:
+    return _queue_state(await async_script(client, _QUEUE_STATE)(**_queue_state_call(model, tier)))
 
 
-async def claimed_through(client: aioredis.Redis, *, variant: str, tier: str) -> int:
+async def claimed_through(client: aioredis.Redis, *, model: str, tier: str) -> int:
     """The sequence number of the tier's latest claimed job: a job with seq n is at position
     n - claimed_through (1 = next), and has been claimed when that is 0 or less."""
-    return int(await client.get(keys.claimed_seq(variant, tier)) or 0)
+    return int(await client.get(keys.claimed_seq(model, tier)) or 0)
 
 
 class JobQueue:
-    """The worker's side of one variant's queues (async; one instance per worker)."""
+    """The worker's side of one model's queues (async; one instance per worker)."""
 
-    def __init__(self, client: aioredis.Redis, *, variant: str, consumer: str) -> None:
+    def __init__(self, client: aioredis.Redis, *, model: str, consumer: str) -> None:
         self.client = client
-        self.variant = variant
+        self.model = model
         self.consumer = consumer
         self._claim = async_script(client, _CLAIM)
         self._record_claim = async_script(client, _RECORD_CLAIM)
@@ -372,7 +370,7 @@ class JobQueue:
         for tier in keys.TIERS:
             try:
                 await self.client.xgroup_create(
-                    keys.queue(self.variant, tier), keys.CONSUMER_GROUP, id="0", mkstream=True
+                    keys.queue(self.model, tier), keys.CONSUMER_GROUP, id="0", mkstream=True
                 )
             except redis.ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
@@ -383,7 +381,7 @@ class JobQueue:
         per_tier[tier] from each; a normal job waiting over `aging_s` goes before VIP."""
         tier_keys: list[str] = []
         for tier in keys.TIERS:
-            tier_keys += [keys.queue(self.variant, tier), keys.claimed_seq(self.variant, tier)]
+            tier_keys += [keys.queue(self.model, tier), keys.claimed_seq(self.model, tier)]
         reply = await self._claim(
             keys=tier_keys,
             args=[
@@ -396,13 +394,13 @@ class JobQueue:
             ],
         )
         return [
-            Job.from_entry(self.variant, keys.TIERS[int(index)], entry_id, fields)
+            Job.from_entry(self.model, keys.TIERS[int(index)], entry_id, fields)
             for index, entry_id, fields in reply
         ]
 
     async def claim_blocking(self, tiers: list[str], timeout_s: float) -> list[Job]:
         """Wait for the next job on any of `tiers`; used only when the worker is idle."""
-        streams = {keys.queue(self.variant, tier): ">" for tier in tiers}
+        streams = {keys.queue(self.model, tier): ">" for tier in tiers}
         reply = await self.client.xreadgroup(
             keys.CONSUMER_GROUP, self.consumer, streams, count=1, block=int(timeout_s * 1000)
         )
@@ -410,13 +408,13 @@ class JobQueue:
         for stream, entries in reply or []:
             tier = stream.rsplit(":", 1)[1]
             for entry_id, fields in entries:
-                job = Job.from_entry(self.variant, tier, entry_id, fields)
-                await self._record_claim(keys=[keys.claimed_seq(self.variant, tier)], args=[job.seq])
+                job = Job.from_entry(self.model, tier, entry_id, fields)
+                await self._record_claim(keys=[keys.claimed_seq(self.model, tier)], args=[job.seq])
                 jobs.append(job)
         return jobs
 
     async def ack(self, job: Job) -> None:
-        stream = keys.queue(self.variant, job.tier)
+        stream = keys.queue(self.model, job.tier)
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.xack(stream, keys.CONSUMER_GROUP, job.entry_id)
             pipe.xdel(stream, job.entry_id)
@@ -429,7 +427,7 @@ class JobQueue:
                 ids = [job.entry_id for job in jobs if job.tier == tier]
                 if ids:
                     pipe.xclaim(
-                        keys.queue(self.variant, tier),
+                        keys.queue(self.model, tier),
                         keys.CONSUMER_GROUP,
                         self.consumer,
                         min_idle_time=0,
@@ -442,7 +440,7 @@ class JobQueue:
         """Hand a claimed job back (drain): mark it long idle so the next reclaim takes it,
         without counting this as a failed attempt."""
         await self.client.xclaim(
-            keys.queue(self.variant, job.tier),
+            keys.queue(self.model, job.tier),
             keys.CONSUMER_GROUP,
             self.consumer,
             min_idle_time=0,
@@ -460,7 +458,7 @@ class JobQueue:
         exhausted: list[Job] = []
         lease_ms = int(lease_s * 1000)
         for tier in keys.TIERS:
-            stream = keys.queue(self.variant, tier)
+            stream = keys.queue(self.model, tier)
             pending = await self.client.xpending_range(
                 stream,
                 keys.CONSUMER_GROUP,
@@ -484,7 +482,7 @@ class JobQueue:
                         await self.client.xack(stream, keys.CONSUMER_GROUP, entry_id)
                         continue
                     attempt = int(info["times_delivered"]) + 1
-                    job = Job.from_entry(self.variant, tier, entry_id, fields, attempt=attempt)
+                    job = Job.from_entry(self.model, tier, entry_id, fields, attempt=attempt)
                     (exhausted if attempt > max_attempts else runnable).append(job)
         return runnable, exhausted
 
@@ -492,14 +490,14 @@ class JobQueue:
         """Remove the consumers and capacity reports of workers that have not reported for
         `stale_s` and hold no pending job. Returns how many consumers were removed."""
         return await self._forget_dead_workers(
-            keys=[keys.capacity(self.variant), *(keys.queue(self.variant, tier) for tier in keys.TIERS)],
+            keys=[keys.capacity(self.model), *(keys.queue(self.model, tier) for tier in keys.TIERS)],
             args=[keys.CONSUMER_GROUP, stale_s],
         )
 
     async def dead_letter(self, job: Job, reason: str) -> None:
         async with self.client.pipeline(transaction=False) as pipe:
             pipe.xadd(
-                keys.dead_letter(self.variant),
+                keys.dead_letter(self.model),
                 {
                     "request_id": job.request_id,
                     "tier": job.tier,
@@ -510,6 +508,6 @@ class JobQueue:
                 maxlen=10_000,
                 approximate=True,
             )
-            pipe.xack(keys.queue(self.variant, job.tier), keys.CONSUMER_GROUP, job.entry_id)
-            pipe.xdel(keys.queue(self.variant, job.tier), job.entry_id)
+            pipe.xack(keys.queue(self.model, job.tier), keys.CONSUMER_GROUP, job.entry_id)
+            pipe.xdel(keys.queue(self.model, job.tier), job.entry_id)
             await pipe.execute()

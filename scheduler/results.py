@@ -103,9 +103,9 @@ class ResultPublisher:
         self._written: asyncio.Future[None] | None = None
         self._wakeup = asyncio.Event()
 
-    def emit(self, variant: str, request_id: str, body: EventBody) -> asyncio.Future[None]:
+    def emit(self, model: str, request_id: str, body: EventBody) -> asyncio.Future[None]:
         """Queue an event; the returned future resolves once it is in Redis."""
-        self._buffer.append((keys.result(variant, request_id), *event_encode(body)))
+        self._buffer.append((keys.result(model, request_id), *event_encode(body)))
         if self._written is None:
             self._written = asyncio.get_running_loop().create_future()
         self._wakeup.set()
@@ -196,19 +196,17 @@ class ResultFollower:
         self._task: asyncio.Task[None] | None = None
 
     @asynccontextmanager
-    async def subscribe(
-        self, *, variant: str, request_id: str, after_id: str
-    ) -> AsyncIterator[_Subscription]:
+    async def subscribe(self, *, model: str, request_id: str, after_id: str) -> AsyncIterator[_Subscription]:
         """Follow one request's events; while subscribed, the request counts as watched."""
         if parse_event_id(after_id) != after_id:
             raise ValueError(f"not a stream id in Redis's form: {after_id!r}")
-        sub = _Subscription(keys.result(variant, request_id), after_id)
+        sub = _Subscription(keys.result(model, request_id), after_id)
         self._subs.setdefault(sub.key, []).append(sub)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="result-follower")
         else:
             await self._poke()
-        watch_key = keys.watchers(variant, request_id)
+        watch_key = keys.watchers(model, request_id)
         await self._watch(watch_key, +1)
         metrics.STREAM_CLIENTS.inc()
         try:
@@ -326,9 +324,9 @@ class ResultFollower:
             sub.fail("stream_unreadable", STREAM_UNREADABLE_MESSAGE)
 
 
-async def last_event_type(client: aioredis.Redis, *, variant: str, request_id: str) -> str | None:
+async def last_event_type(client: aioredis.Redis, *, model: str, request_id: str) -> str | None:
     """The type of the request's latest event: "queued" until a worker starts it."""
-    entries = await client.xrevrange(keys.result(variant, request_id), count=1)
+    entries = await client.xrevrange(keys.result(model, request_id), count=1)
     return entries[0][1]["type"] if entries else None
 
 
@@ -339,7 +337,7 @@ async def abandoned_request_ids(client: aioredis.Redis, jobs: list[Job]) -> set[
     """
     async with client.pipeline(transaction=False) as pipe:
         for job in jobs:
-            pipe.hmget(keys.watchers(job.variant, job.request_id), "clients", "since")
+            pipe.hmget(keys.watchers(job.model, job.request_id), "clients", "since")
         replies = await pipe.execute()
     now = time.time()
     abandoned = set()

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import redis
 
 from scheduler import keys
-from scheduler.models import CanaryRouting
+from scheduler.models import CanaryRouting, Variant
 from scheduler.redis import sync_redis
 
 CACHE_S = 1.0
@@ -89,3 +89,13 @@ def variant_for(*, conversation_id: str) -> str:
         return split.stable_variant
     bucket = conversation_bucket(conversation_id=conversation_id, salt=split.salt)
     return split.candidate_variant if bucket < split.split_percent else split.stable_variant
+
+
+def variant_for_conversation(*, conversation_id: str) -> Variant:
+    """The variant that answers the conversation, as stored now (the console may edit it)."""
+    return Variant.objects.get(name=variant_for(conversation_id=conversation_id))
+
+
+def variant_models(names: list[str]) -> set[str]:
+    """The models that answer these variants (the queues and workers traffic to them needs)."""
+    return set(Variant.objects.filter(name__in=names).values_list("model", flat=True))

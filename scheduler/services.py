@@ -29,9 +29,21 @@ def generation_create(*, job: GenerationJob) -> Generation:
     request (a batch task that died mid-submission) finds the record it made."""
     generation, _ = Generation.objects.get_or_create(
         request_id=job.request_id,
-        defaults={"origin": job.origin, "variant": job.variant, "tier": job.tier, "client_id": job.client_id},
+        defaults={
+            "origin": job.origin,
+            "variant": job.variant,
+            "model": job.model,
+            "tier": job.tier,
+            "client_id": job.client_id,
+        },
     )
     return generation
+
+
+def generation_cache_note(*, request_id: str, result: str, lookup_ms: float) -> None:
+    """Record that the result cache looked this request up and missed (a hit is recorded
+    whole by admission.request_answer_cached)."""
+    Generation.objects.filter(request_id=request_id).update(cache=result, cache_lookup_ms=lookup_ms)
 
 
 def generation_discard(*, request_id: str) -> None:

@@ -1,7 +1,7 @@
 """The console's time series: per-10-second buckets in Redis, kept for 20 minutes.
 
 Workers record each finished answer (status, TTFT, inter-token latency, output tokens) and,
-with every heartbeat, their variant's queue depths; admission records each refusal. The
+with every heartbeat, their model's queue depths; admission records each refusal. The
 console reads the buckets back. Latencies are counted in fixed log-spaced bins, so a bucket
 stays small at any traffic and a percentile over any window is a sum of bins (as with a
 Prometheus histogram). This is separate from /metrics: Prometheus objects live in one process,
@@ -93,18 +93,16 @@ async def answer_record(client: aioredis.Redis, *, variant: str, outcome: Genera
         logger.warning("could not record an answer in the console's series (%s)", exc)
 
 
-async def queue_depth_record(client: aioredis.Redis, *, variant: str) -> None:
-    """Sample the variant's queue depth per tier into the current bucket (last sample wins)."""
+async def queue_depth_record(client: aioredis.Redis, *, model: str) -> None:
+    """Sample the model's queue depth per tier into the current bucket (last sample wins)."""
     counters = [
-        key
-        for tier in keys.TIERS
-        for key in (keys.enqueue_seq(variant, tier), keys.claimed_seq(variant, tier))
+        key for tier in keys.TIERS for key in (keys.enqueue_seq(model, tier), keys.claimed_seq(model, tier))
     ]
     key = keys.series_bucket(bucket_start(time.time()))
     try:
         values = await client.mget(counters)
         depths = {
-            f"depth:{variant}:{tier}": max(0, int(values[2 * i] or 0) - int(values[2 * i + 1] or 0))
+            f"depth:{model}:{tier}": max(0, int(values[2 * i] or 0) - int(values[2 * i + 1] or 0))
             for i, tier in enumerate(keys.TIERS)
         }
         async with client.pipeline(transaction=False) as pipe:
@@ -137,7 +135,7 @@ class SeriesBucket:
     ttft_bins: Counter[int] = field(default_factory=Counter)
     itl_bins: Counter[int] = field(default_factory=Counter)
     refusals: Counter[str] = field(default_factory=Counter)  # reason -> n
-    # (variant, tier) -> queued jobs at the bucket's last sample; empty when nobody sampled
+    # (model, tier) -> queued jobs at the bucket's last sample; empty when nobody sampled
     queue_depth: dict[tuple[str, str], int] = field(default_factory=dict)
 
     @classmethod
@@ -158,8 +156,8 @@ class SeriesBucket:
             elif kind == "refused":
                 bucket.refusals[rest] += value
             elif kind == "depth":
-                variant, _, tier = rest.rpartition(":")
-                bucket.queue_depth[(variant, tier)] = value
+                model, _, tier = rest.rpartition(":")
+                bucket.queue_depth[(model, tier)] = value
         return bucket
 
 

@@ -1,8 +1,8 @@
 """The warm pool: workers that have loaded their engine and heartbeat, but claim nothing while
-the variant's serving workers already cover `llm_workers_desired`; when the count rises, a spare
+the model's serving workers already cover `llm_workers_desired`; when the count rises, a spare
 starts claiming at its next heartbeat instead of the minutes a cold engine start takes.
 
-The console sets how many spares each variant keeps (WarmPool, mirrored into Redis, read at
+The console sets how many spares each model keeps (WarmPool, mirrored into Redis, read at
 most once a second). With none, every worker serves, as without a pool. Which workers serve is
 decided in Redis, one worker at a time, so two spares never both join for one missing worker.
 """
@@ -24,7 +24,7 @@ from scheduler.workers import live_workers
 
 CACHE_S = 1.0
 
-# KEYS[1] the variant's serving set. ARGV: worker id, now, drop members last seen before this,
+# KEYS[1] the model's serving set. ARGV: worker id, now, drop members last seen before this,
 # workers needed (-1: every worker serves), the set's lifetime (ms). Returns 1 if the worker
 # serves. A serving worker stays while the others do not cover the need; a spare joins while
 # they fall short.
@@ -55,7 +55,7 @@ def spares_mirror() -> int:
 
 
 def warm_spares() -> int:
-    """Spares per variant: from the mirror, rebuilt from the database when Redis lost it."""
+    """Spares per model: from the mirror, rebuilt from the database when Redis lost it."""
     if _cache and time.monotonic() - _cache[0][0] < CACHE_S:
         return _cache[0][1]
     try:
@@ -67,26 +67,26 @@ def warm_spares() -> int:
     return spares
 
 
-def serving_needed(*, variant: str) -> int | None:
-    """How many of the variant's workers should claim now; None while the pool is off. At least
+def serving_needed(*, model: str) -> int | None:
+    """How many of the model's workers should claim now; None while the pool is off. At least
     one serves, so the first request after a quiet spell does not wait for the count to rise."""
     if warm_spares() == 0:
         return None
-    queued = {tier: queue_state(variant=variant, tier=tier).queued for tier in keys.TIERS}
-    return max(1, workers_desired(variant=variant, workers=live_workers(), queued=queued))
+    queued = {tier: queue_state(model=model, tier=tier).queued for tier in keys.TIERS}
+    return max(1, workers_desired(model=model, workers=live_workers(), queued=queued))
 
 
-async def serving_decide(client: aioredis.Redis, *, variant: str, worker_id: str, needed: int | None) -> bool:
+async def serving_decide(client: aioredis.Redis, *, model: str, worker_id: str, needed: int | None) -> bool:
     """Whether this worker claims until its next heartbeat (True) or waits as a spare."""
     now = time.time()
     ttl_s = settings.WORKER_HEARTBEAT_TTL_S
     serves = await async_script(client, SERVE_OR_SPARE)(
-        keys=[keys.serving(variant)],
+        keys=[keys.serving(model)],
         args=[worker_id, now, now - ttl_s, -1 if needed is None else needed, int(ttl_s * 1000)],
     )
     return bool(serves)
 
 
-async def serving_leave(client: aioredis.Redis, *, variant: str, worker_id: str) -> None:
+async def serving_leave(client: aioredis.Redis, *, model: str, worker_id: str) -> None:
     """A draining or stopping worker no longer covers the need: a spare may take its place."""
-    await client.zrem(keys.serving(variant), worker_id)
+    await client.zrem(keys.serving(model), worker_id)

@@ -15,7 +15,7 @@ from scheduler.redis import sync_redis
 @dataclass(frozen=True, slots=True)
 class WorkerInfo:
     worker_id: str
-    variant: str
+    model: str
     engine: str
     slots: int
     running: int
@@ -35,7 +35,7 @@ async def heartbeat_write(
     (all tiers, and normal traffic alone): the queues' wait predictions add these up."""
     now = time.time()
     async with client.pipeline(transaction=False) as pipe:
-        pipe.hset(keys.capacity(info["variant"]), worker_id, f"{jobs_per_s}|{normal_jobs_per_s}|{now}")
+        pipe.hset(keys.capacity(info["model"]), worker_id, f"{jobs_per_s}|{normal_jobs_per_s}|{now}")
         pipe.set(
             keys.worker_heartbeat(worker_id),
             json.dumps({**info, "worker_id": worker_id, "last_seen": now}),
@@ -46,10 +46,10 @@ async def heartbeat_write(
         await pipe.execute()
 
 
-async def heartbeat_remove(client: aioredis.Redis, *, worker_id: str, variant: str) -> None:
+async def heartbeat_remove(client: aioredis.Redis, *, worker_id: str, model: str) -> None:
     async with client.pipeline(transaction=False) as pipe:
-        pipe.hdel(keys.capacity(variant), worker_id)
-        pipe.zrem(keys.serving(variant), worker_id)
+        pipe.hdel(keys.capacity(model), worker_id)
+        pipe.zrem(keys.serving(model), worker_id)
         pipe.delete(keys.worker_heartbeat(worker_id))
         pipe.zrem(keys.WORKERS_INDEX, worker_id)
         await pipe.execute()
@@ -69,7 +69,7 @@ def live_workers() -> list[WorkerInfo]:
         workers.append(
             WorkerInfo(
                 worker_id=info.pop("worker_id"),
-                variant=info.pop("variant"),
+                model=info.pop("model"),
                 engine=info.pop("engine"),
                 slots=info.pop("slots"),
                 running=info.pop("running"),

@@ -1,3 +1,4 @@
+import importlib
 import logging
 
 import pytest
@@ -32,3 +33,12 @@ def tier_policies() -> None:
     for tier, fields in settings.RATE_LIMIT_POLICIES.items():
         TierPolicy.objects.get_or_create(tier=tier, defaults=fields)
     policies_mirror()
+
+
+@pytest.fixture
+def variants(db) -> None:
+    """The variants the migrations write (`stable` and `candidate`): a transactional test empties
+    every table after it, and the next one finds none unless they are written again."""
+    from django.apps import apps
+
+    importlib.import_module("scheduler.migrations.0007_stable_and_candidate").variants_create(apps, None)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from datetime import datetime
 
@@ -10,12 +11,16 @@ from django.utils import timezone
 from scheduler.generation import GenerationJob, Origin, SamplingParams, Tier
 from scheduler.models import Generation
 
+# The model name the test workers serve, and that the variants `stable` and `candidate` name.
+MODEL = os.environ["INFERENCE_MODEL_NAME"]
+
 
 def generation_job(
     request_id: str | None = None,
     *,
     tier: str = Tier.NORMAL,
     variant: str = "stable",
+    model: str = MODEL,
     client_id: str = "c1",
     messages: list[dict[str, str]] | None = None,
     origin: Origin = Origin.CHAT,
@@ -30,6 +35,7 @@ def generation_job(
         client_id=client_id,
         tier=Tier(tier),
         variant=variant,
+        model=model,
         disconnect_grace_s=disconnect_grace_s,
     )
 
@@ -49,6 +55,7 @@ def generation_record(
         request_id=uuid.uuid4(),
         origin=origin,
         variant=variant,
+        model=MODEL,
         tier=Tier.NORMAL,
         status=status,
         text=text,

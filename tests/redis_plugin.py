@@ -22,6 +22,8 @@ def pytest_load_initial_conftests(early_config, parser, args):
     _server.start()
     os.environ["REDIS_URL"] = _server.url
     os.environ.setdefault("INFERENCE_ENGINE", "simulated")
+    # The model the test workers serve (and the migration gives the variants it makes).
+    os.environ.setdefault("INFERENCE_MODEL_NAME", "test-model")
     # Settings refuse to start without a secret key; the processes tests start inherit this one.
     os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-secret-key-never-used-outside-the-test-suite")
     return (yield)

@@ -12,11 +12,12 @@ from scheduler.generation import AnswerFold, Done, GenerationJob, event_decode
 from scheduler.models import Generation
 from scheduler.redis import sync_redis
 from scheduler.services import GenerationOutcome, generation_finish
+from tests.generation_jobs import MODEL
 
 
-def queued(tier: str, variant: str = "stable") -> list[dict[str, Any]]:
+def queued(tier: str, model: str = MODEL) -> list[dict[str, Any]]:
     """The jobs waiting in a tier's queue, flattened: request_id, messages, sampling fields..."""
-    entries = sync_redis().xrange(keys.queue(variant, tier))
+    entries = sync_redis().xrange(keys.queue(model, tier))
     jobs = [GenerationJob.decode(fields["job"]) for _, fields in entries]
     return [
         {
@@ -40,16 +41,16 @@ def wait_queued(tier: str, count: int = 1, timeout_s: float = 5.0) -> list[dict[
     raise AssertionError(f"{count} job(s) were not queued in {tier} within {timeout_s}s")
 
 
-def publish(request_id: str, *events: tuple[str, dict[str, Any]], variant: str = "stable") -> None:
+def publish(request_id: str, *events: tuple[str, dict[str, Any]], model: str = MODEL) -> None:
     client = sync_redis()
     for kind, data in events:
-        client.xadd(keys.result(variant, request_id), {"type": kind, "data": json.dumps(data)})
+        client.xadd(keys.result(model, request_id), {"type": kind, "data": json.dumps(data)})
 
 
-def end(request_id: str, *events: tuple[str, dict[str, Any]], variant: str = "stable") -> None:
+def end(request_id: str, *events: tuple[str, dict[str, Any]], model: str = MODEL) -> None:
     """Publish the events that end an answer, storing it first as the worker does."""
     answer = AnswerFold()
-    for _, fields in sync_redis().xrange(keys.result(variant, request_id)):
+    for _, fields in sync_redis().xrange(keys.result(model, request_id)):
         answer.add(event_decode(fields["type"], json.loads(fields["data"])))
     answer.add_all(event_decode(kind, data) for kind, data in events)
     match answer.end:
@@ -67,7 +68,7 @@ def end(request_id: str, *events: tuple[str, dict[str, Any]], variant: str = "st
                 error_message=error.message,
             )
     generation_finish(request_id=request_id, outcome=outcome)
-    publish(request_id, *events, variant=variant)
+    publish(request_id, *events, model=model)
 
 
 def tokens(*texts: str) -> list[tuple[str, dict[str, Any]]]:
@@ -79,7 +80,7 @@ def done(finish_reason: str = "stop", prompt_tokens: int = 7, completion_tokens:
     return ("done", {"finish_reason": finish_reason, "usage": usage, "timings": {}})
 
 
-def answer(request_id: str, *texts: str, variant: str = "stable") -> None:
+def answer(request_id: str, *texts: str, model: str = MODEL) -> None:
     """A whole answer: start, the tokens, done; stored as the worker stores it."""
-    publish(request_id, ("start", {"attempt": 1}), *tokens(*texts), variant=variant)
-    end(request_id, done(completion_tokens=len(texts)), variant=variant)
+    publish(request_id, ("start", {"attempt": 1}), *tokens(*texts), model=model)
+    end(request_id, done(completion_tokens=len(texts)), model=model)

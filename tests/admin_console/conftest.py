@@ -10,10 +10,18 @@ from admin_console.models import QualityRun
 from chat.models import Conversation, Message, User
 from knowledge.quality import VariantSettings
 from scheduler import workers
+from scheduler.models import Variant
 from scheduler.redis import new_async_redis
-from tests.generation_jobs import generation_record
+from tests.generation_jobs import MODEL, generation_record
 
 _ids = itertools.count()
+CANDIDATE_MODEL = "candidate-model"
+
+
+@pytest.fixture(autouse=True)
+def candidate_on_a_model_of_its_own(variants) -> None:
+    """The console's canary tests need the candidate's workers apart from stable's."""
+    Variant.objects.filter(name="candidate").update(model=CANDIDATE_MODEL)
 
 
 @pytest.fixture
@@ -29,8 +37,10 @@ def client_staff(staff) -> Client:
 
 
 def heartbeat(variant: str, *, draining: bool = False, spare: bool = False) -> str:
-    """Make a worker serving `variant` look alive (as its heartbeat would); returns its id."""
+    """Make a worker serving the model of `variant` look alive (as its heartbeat would);
+    returns its id."""
     worker_id = f"worker-{variant}-{next(_ids)}"
+    model = {"stable": MODEL, "candidate": CANDIDATE_MODEL}[variant]
 
     async def write():
         client = new_async_redis()
@@ -39,7 +49,7 @@ def heartbeat(variant: str, *, draining: bool = False, spare: bool = False) -> s
                 client,
                 worker_id=worker_id,
                 info={
-                    "variant": variant,
+                    "model": model,
                     "engine": "simulated",
                     "slots": 8,
                     "running": 3,
@@ -102,7 +112,7 @@ def quality_scored(variant: str, overall: float) -> QualityRun:
     return QualityRun.objects.create(
         variant=variant,
         status=QualityRun.Status.DONE,
-        variant_settings=VariantSettings.defaults(variant).as_dict(),
+        variant_settings=VariantSettings.of(Variant.objects.get(name=variant)).as_dict(),
         answered=72,
         questions=72,
         overall=overall,

@@ -10,8 +10,9 @@ from admin_console import services, tasks
 from admin_console.models import CanaryRollout, QualityRun
 from knowledge.quality import VariantSettings, quality_questions
 from scheduler import keys
+from scheduler.models import Variant
 from scheduler.redis import sync_redis
-from tests.admin_console.conftest import heartbeat, quality_scored
+from tests.admin_console.conftest import CANDIDATE_MODEL, heartbeat, quality_scored
 from tests.api.test_api_jobs import _tasks_sent
 from tests.worker_double import done, publish, queued, tokens
 
@@ -56,24 +57,24 @@ def test_the_latest_scores_are_shown_beside_each_variant(client_staff, live_work
 
 
 class _WorkerDouble(threading.Thread):
-    """Answers every job queued for `variant` in the batch tier, as its worker would."""
+    """Answers every job queued for `model` in the batch tier, as its worker would."""
 
-    def __init__(self, variant: str) -> None:
+    def __init__(self, model: str) -> None:
         super().__init__(daemon=True)
-        self.variant = variant
+        self.model = model
         self.stopping = threading.Event()
         self.answered: set[str] = set()
 
     def run(self) -> None:
         while not self.stopping.is_set():
-            for job in queued("batch", self.variant):
+            for job in queued("batch", self.model):
                 if job["request_id"] not in self.answered:
                     self.answered.add(job["request_id"])
                     publish(
                         job["request_id"],
                         *tokens("I'm sorry, ", "I don't know."),
                         done(),
-                        variant=self.variant,
+                        model=self.model,
                     )
             time.sleep(0.01)
 
@@ -84,10 +85,10 @@ def test_the_task_asks_every_question_of_the_variants_workers_and_stores_the_sco
 ):
     run = QualityRun.objects.create(
         variant="candidate",
-        variant_settings=VariantSettings.defaults("candidate").as_dict(),
+        variant_settings=VariantSettings.of(Variant.objects.get(name="candidate")).as_dict(),
         started_by=staff,
     )
-    worker = _WorkerDouble("candidate")
+    worker = _WorkerDouble(CANDIDATE_MODEL)
     worker.start()
     try:
         tasks.quality_run(run.pk)
@@ -136,14 +137,14 @@ def test_a_score_whose_questions_go_unanswered_fails_and_says_so(
     settings.QUALITY_RUN_TIMEOUT_S = 0.5
     run = QualityRun.objects.create(
         variant="candidate",
-        variant_settings=VariantSettings.defaults("candidate").as_dict(),
+        variant_settings=VariantSettings.of(Variant.objects.get(name="candidate")).as_dict(),
         started_by=staff,
     )
     tasks.quality_run(run.pk)  # no worker answers
     run.refresh_from_db()
     assert (run.status, run.overall) == ("failed", None)
     # The questions still queued are cancelled: no worker spends a slot on them later.
-    left = [job["request_id"] for job in queued("batch", "candidate")]
+    left = [job["request_id"] for job in queued("batch", CANDIDATE_MODEL)]
     assert left and all(sync_redis().exists(keys.cancel(request_id)) for request_id in left)
     card = client_staff.get("/console/canary/quality").content.decode()
     assert "Last run failed: Not finished within 0.5 s" in card

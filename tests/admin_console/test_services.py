@@ -8,15 +8,16 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from admin_console import services
+from admin_console import selectors, services
 from admin_console.models import AuditLog, CanaryRollout
 from scheduler import keys
-from scheduler.models import CanaryRouting
+from scheduler.models import CanaryRouting, Generation
 from scheduler.policy import tier_policy
 from scheduler.redis import sync_redis
 from scheduler.routing import canary_split
 from scheduler.warmpool import warm_spares
 from tests.admin_console.conftest import answers, heartbeat, quality_scored
+from tests.generation_jobs import generation_record
 
 pytestmark = pytest.mark.django_db
 
@@ -82,7 +83,7 @@ def test_starting_a_canary_routes_the_first_step_to_the_candidate(staff, live_wo
 
 def test_a_canary_needs_a_live_worker_of_the_candidate_and_no_other_canary(staff):
     heartbeat("stable")
-    with pytest.raises(services.ConsoleError, match="No live worker serves 'candidate'"):
+    with pytest.raises(services.ConsoleError, match="'candidate-model', the model of 'candidate'"):
         _start(staff)
     heartbeat("candidate")
     _start(staff)
@@ -299,3 +300,11 @@ def test_the_warm_pool_size_reaches_the_workers_and_is_audited(staff):
     with pytest.raises(ValidationError):
         services.warm_spares_set(actor=staff, spares=99)
     assert warm_spares() == 2
+
+
+def test_answers_served_from_the_cache_do_not_count_for_the_canary():
+    generation_record(variant="candidate", status="error")
+    cached = generation_record(variant="candidate", ttft_ms=0.4)
+    Generation.objects.filter(pk=cached.pk).update(cache="exact", engine="cache")
+    stats = selectors.variant_stats(variant="candidate", since=timezone.now() - timedelta(minutes=5))
+    assert (stats.answers, stats.errors, stats.ttft_p95_ms) == (1, 1, None)

@@ -10,12 +10,12 @@ from django.urls import resolve
 from admin_console import urls as console_urls
 from admin_console.models import AuditLog, CanaryRollout
 from chat.models import User
-from knowledge.models import Article
-from scheduler.models import TierPolicy
+from knowledge.models import Article, CachedAnswer
+from scheduler.models import TierPolicy, Variant
 from scheduler.queues import job_enqueue
 from scheduler.routing import canary_split
 from tests.admin_console.conftest import heartbeat
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -27,6 +27,12 @@ CONSOLE_URLS = [
     ("POST", "/console/workers/spares"),
     ("GET", "/console/limits"),
     ("POST", "/console/limits/normal"),
+    ("GET", "/console/variants"),
+    ("POST", "/console/variants/new"),
+    ("POST", "/console/variants/stable"),
+    ("GET", "/console/cache"),
+    ("POST", "/console/cache/pin"),
+    ("POST", "/console/cache/1/unpin"),
     ("GET", "/console/canary"),
     ("POST", "/console/canary/start"),
     ("POST", "/console/canary/split"),
@@ -120,10 +126,10 @@ def test_the_dashboard_shows_the_workers_wanted_beside_the_live_ones(client_staf
             max_wait_s=60,
         )
     html = client_staff.get("/console/").content.decode()
-    assert 'data-variant="stable" data-live="1"' in html
-    desired = int(html.split('data-variant="stable" data-live="1" data-desired="')[1].split('"')[0])
+    assert f'data-model="{MODEL}" data-live="1"' in html
+    desired = int(html.split(f'data-model="{MODEL}" data-live="1" data-desired="')[1].split('"')[0])
     assert desired > 1
-    assert "stable: 1 live, <span" in html and f"{desired} desired</span>" in html
+    assert f"{MODEL}: 1 live, <span" in html and f"{desired} desired</span>" in html
 
 
 def test_the_live_partial_swaps_the_tables_and_chart_data_out_of_band(client_staff):
@@ -152,6 +158,35 @@ def test_a_valid_policy_edit_is_saved_and_an_invalid_one_shows_why(client_staff)
     assert b"Ensure this value is greater than or equal to 1." in refused.content
     assert TierPolicy.objects.get(tier="vip").max_queued == 33
     assert AuditLog.objects.count() == 1
+
+
+def test_staff_edit_and_add_variants_and_each_change_is_audited(client_staff):
+    page = client_staff.get("/console/variants")
+    assert page.status_code == 200
+    assert b"Save stable" in page.content and b"Save candidate" in page.content
+    values = {
+        f"candidate-{name}": value
+        for name, value in Variant.objects.filter(name="candidate").values().get().items()
+        if name not in {"id", "name", "updated_at", "knowledge"}
+    }
+    saved = client_staff.post("/console/variants/candidate", {**values, "candidate-temperature": 0.1})
+    assert saved.status_code == 302
+    candidate = Variant.objects.get(name="candidate")
+    assert (candidate.temperature, candidate.knowledge) == (0.1, False)  # an unticked box is off
+    entry = AuditLog.objects.get(action="variant.update")
+    assert (entry.target, entry.before["temperature"], entry.after["temperature"]) == ("candidate", 0.3, 0.1)
+    refused = client_staff.post("/console/variants/candidate", {**values, "candidate-temperature": 3})
+    assert refused.status_code == 400
+    assert b"less than or equal to 2.0" in refused.content
+
+    new = {f"new-{name.removeprefix('candidate-')}": value for name, value in values.items()}
+    added = client_staff.post("/console/variants/new", {**new, "new-name": "terse", "new-knowledge": "on"})
+    assert added.status_code == 302
+    assert Variant.objects.get(name="terse").knowledge
+    assert AuditLog.objects.filter(action="variant.create", target="terse").exists()
+    taken = client_staff.post("/console/variants/new", {**new, "new-name": "terse"})
+    assert taken.status_code == 400
+    assert b"already exists" in taken.content
 
 
 def test_a_policy_that_cannot_work_is_refused_in_the_words_of_manage_py_check(client_staff, settings):
@@ -320,3 +355,22 @@ def test_an_article_with_a_slug_in_use_or_no_text_is_refused_with_a_reason(clien
     assert response.status_code == 400
     assert Article.objects.count() == 1
     assert AuditLog.objects.filter(action="article.create").count() == 1
+
+
+def test_the_cache_page_shows_the_figures_and_pinned_answers_are_removed_with_an_audit(client_staff):
+    page = client_staff.get("/console/cache")
+    assert page.status_code == 200 and b"Engine time saved" in page.content
+    refused = client_staff.post(
+        "/console/cache/pin", {"variant": "stable", "question": "Where is order 55123?", "answer": "Here."}
+    )
+    assert refused.status_code == 400
+    assert b"never serves personal data" in refused.content
+    pinned = client_staff.post(
+        "/console/cache/pin",
+        {"variant": "stable", "question": "Do you ship abroad?", "answer": "Yes, to the EU."},
+    )
+    assert pinned.status_code == 302
+    (entry,) = CachedAnswer.objects.all()
+    assert client_staff.post(f"/console/cache/{entry.pk}/unpin").status_code == 302
+    assert not CachedAnswer.objects.exists()
+    assert list(AuditLog.objects.values_list("action", flat=True)) == ["answer.unpin", "answer.pin"]

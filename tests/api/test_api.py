@@ -15,10 +15,11 @@ from api import keys as api_keys
 from chat.models import User
 from scheduler import keys, workers
 from scheduler.generation import Tier
-from scheduler.models import TierPolicy
+from scheduler.models import TierPolicy, Variant
 from scheduler.policy import policies_mirror
 from scheduler.redis import new_async_redis, sync_redis
 from tests import worker_double
+from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.django_db
 
@@ -48,7 +49,7 @@ def _post(client: Client, key: str | None, body: Any, **extra) -> Any:
 
 
 def _queued_anywhere() -> int:
-    return sum(sync_redis().xlen(keys.queue("stable", tier)) for tier in keys.TIERS)
+    return sum(sync_redis().xlen(keys.queue(MODEL, tier)) for tier in keys.TIERS)
 
 
 def _with_answer(key: str, body: dict, *events: tuple[str, dict]) -> Any:
@@ -114,10 +115,10 @@ def test_api_calls_need_no_csrf_token(key):
 # --- models ---------------------------------------------------------------------------------
 
 
-def _heartbeat(worker_id: str, variant: str, *, draining: bool = False) -> None:
+def _heartbeat(worker_id: str, model: str, *, draining: bool = False) -> None:
     async def write():
         client = new_async_redis()
-        info = {"variant": variant, "engine": "simulated", "slots": 4, "running": 0, "draining": draining}
+        info = {"model": model, "engine": "simulated", "slots": 4, "running": 0, "draining": draining}
         await workers.heartbeat_write(
             client, worker_id=worker_id, info=info, jobs_per_s=1, normal_jobs_per_s=1
         )
@@ -126,10 +127,15 @@ def _heartbeat(worker_id: str, variant: str, *, draining: bool = False) -> None:
     asyncio.run(write())
 
 
-def test_models_lists_the_variants_that_have_a_live_worker_not_draining(key):
-    _heartbeat("w1", "stable")
-    _heartbeat("w2", "canary-b")
-    _heartbeat("w3", "leaving", draining=True)
+def test_models_lists_the_variants_whose_model_has_a_live_worker_not_draining(key):
+    for name, model in [("canary-b", "model-b"), ("leaving", "model-leaving"), ("idle", "model-idle")]:
+        Variant.objects.create(
+            name=name, model=model, system_prompt="-", temperature=0, top_p=1, max_tokens=8
+        )
+    Variant.objects.filter(name="candidate").update(model="model-idle")
+    _heartbeat("w1", MODEL)
+    _heartbeat("w2", "model-b")
+    _heartbeat("w3", "model-leaving", draining=True)
     response = Client().get("/v1/models", headers=_auth(key))
     assert response.status_code == 200
     body = response.json()

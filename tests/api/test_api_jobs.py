@@ -24,7 +24,7 @@ from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
 from tests import worker_double
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -206,7 +206,7 @@ def test_a_request_whose_task_died_around_submitting_is_neither_lost_nor_asked_t
     lost, sent = _items(job)
     # Both had their id stored; only `sent` reached the scheduler before the task died.
     for item in (lost, sent):
-        item.generation_id, item.variant = uuid.uuid4(), "stable"
+        item.generation_id, item.variant, item.model = uuid.uuid4(), "stable", MODEL
         item.save()
     request_submit(
         job=generation_job(
@@ -225,7 +225,7 @@ def test_a_full_batch_queue_holds_submissions_back_without_failing_the_job(api_k
     job = _job(api_key, 4)
     assert jobs.job_feed(job_id=job.pk, budget_s=0.1) is True
     assert [i.status for i in _items(job)] == ["submitted", "submitted", "pending", "pending"]
-    sync_redis().set(keys.claimed_seq("stable", "batch"), 2)  # a worker took both
+    sync_redis().set(keys.claimed_seq(MODEL, "batch"), 2)  # a worker took both
     jobs.job_feed(job_id=job.pk, budget_s=0)
     assert [i.status for i in _items(job)] == ["submitted"] * 4
     assert len(worker_double.queued("batch")) == 4

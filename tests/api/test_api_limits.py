@@ -18,6 +18,7 @@ from scheduler import keys
 from scheduler.prompt import prompt_encoder
 from scheduler.redis import sync_redis
 from tests import worker_double
+from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.django_db
 
@@ -47,7 +48,7 @@ def _chat(*contents: str, **extra: Any) -> dict[str, Any]:
 
 
 def _queued_anywhere() -> int:
-    return sum(sync_redis().xlen(keys.queue("stable", tier)) for tier in keys.TIERS)
+    return sum(sync_redis().xlen(keys.queue(MODEL, tier)) for tier in keys.TIERS)
 
 
 def _refused(response: Any, status: int, param: str | None) -> dict[str, Any]:

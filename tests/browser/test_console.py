@@ -9,6 +9,7 @@ from playwright.sync_api import Page, expect
 from tests.browser.conftest import js_errors, new_page, sign_in
 from tests.e2e.client import ChatClient
 from tests.e2e.conftest import running_stack
+from tests.generation_jobs import MODEL
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
@@ -18,9 +19,8 @@ LOAD_MESSAGES = 36
 @pytest.fixture(scope="module")
 def stack():
     # Answers of about 2.5 s on 6 slots for normal traffic: a burst queues for several seconds.
-    for stack in running_stack(SIMULATED_OUTPUT_TOKENS="40", SIMULATED_DECODE_BASE_S="0.05"):
-        stack.start_worker(INFERENCE_VARIANT="candidate")
-        yield stack
+    # Its one worker serves both variants: they share the model.
+    yield from running_stack(SIMULATED_OUTPUT_TOKENS="40", SIMULATED_DECODE_BASE_S="0.05")
 
 
 @pytest.fixture
@@ -79,7 +79,7 @@ def test_the_dashboard_queue_depth_rises_under_load_and_falls_after(staff_page, 
             "Number(document.getElementById('queue-depth-total').dataset.value) >= 10", timeout=20_000
         )
         peak = _queue_depth(page)
-        expect(page.locator("tr[data-variant='stable'][data-tier='normal'] [data-queued]")).not_to_have_text(
+        expect(page.locator(f"tr[data-model='{MODEL}'][data-tier='normal'] [data-queued]")).not_to_have_text(
             "0"
         )
     finally:
@@ -104,7 +104,7 @@ def test_a_worker_joining_and_draining_shows_on_an_open_dashboard_without_a_relo
     spare = workers.filter(has=page.get_by_role("cell", name="spare", exact=True))
     expect(spare).to_have_count(0)
 
-    worker = stack.start_worker(INFERENCE_VARIANT="spare")
+    worker = stack.start_worker(INFERENCE_MODEL_NAME="spare")  # a model no variant names
     expect(spare).to_have_count(1)
     # The Drain form came in a snapshot rendered once for every tab; it posts with this page's token.
     spare.get_by_role("button", name="Drain").click()
@@ -121,7 +121,7 @@ def test_the_queues_table_stays_inside_its_card(staff_page, width):
     page = staff_page
     page.set_viewport_size({"width": width, "height": 900})
     card = page.locator("section:has(#queues-heading)")
-    expect(card.locator("tr[data-variant='candidate']").first).to_be_attached()
+    expect(card.locator(f"tr[data-model='{MODEL}']").first).to_be_attached()
     # Looked up inside one script run: a live update may replace the card between two calls.
     overrun = page.evaluate(
         """() => {

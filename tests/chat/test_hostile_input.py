@@ -27,6 +27,7 @@ from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
 from tests.chat.conftest import guest_key_of
+from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.django_db
 
@@ -126,7 +127,7 @@ def test_every_api_route_answers_hostile_input_in_openai_s_error_shape(key, meth
             assert set(response.json()["error"]) == {"message", "type", "param", "code"}
 
     check()
-    assert sync_redis().xlen(keys.queue("stable", "normal")) == 0
+    assert sync_redis().xlen(keys.queue(MODEL, "normal")) == 0
 
 
 # --- the chat's form fields and the headers its views read -----------------------------------------
@@ -168,7 +169,7 @@ def test_a_posted_message_is_stored_as_typed_or_refused_with_a_400(
     assert response.status_code in {202, 400}, response.content
     stored = Message.objects.filter(conversation=conversation, role="user").values_list("content", flat=True)
     if response.status_code == 202:
-        assert sync_redis().xlen(keys.queue("stable", "normal")) == 1
+        assert sync_redis().xlen(keys.queue(MODEL, "normal")) == 1
         assert len(stored) == 1
     else:
         assert not stored

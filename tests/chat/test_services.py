@@ -11,9 +11,10 @@ from chat.services import ConversationBusy, _unfinished_answers, message_post
 from scheduler import keys
 from scheduler.admission import AdmissionRefused
 from scheduler.redis import sync_redis
+from tests.generation_jobs import MODEL
 
 # Committed transactions: each poster is a thread with its own database connection.
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("tier_policies")]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.usefixtures("tier_policies", "variants")]
 
 on_postgresql = pytest.mark.skipif(
     settings.DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql",
@@ -54,4 +55,4 @@ def test_concurrent_posts_to_one_conversation_accept_one_and_refuse_the_rest_as_
     assert Counter(outcomes) == {"accepted": 1, "busy": POSTERS - 1}
     assert conversation.messages.filter(role=Message.Role.USER).count() == 1
     assert _unfinished_answers(conversation).count() == 1
-    assert sum(sync_redis().xlen(keys.queue("stable", tier)) for tier in keys.TIERS) == 1
+    assert sum(sync_redis().xlen(keys.queue(MODEL, tier)) for tier in keys.TIERS) == 1

@@ -11,13 +11,13 @@ from django.utils import timezone
 from chat import tasks, views
 from chat.models import Conversation, Message, User
 from knowledge import services as knowledge_services
-from scheduler import keys
-from scheduler.models import Generation, TierPolicy
+from scheduler import keys, routing
+from scheduler.models import CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
 from tests import worker_double
 from tests.chat.conftest import guest_key_of
-from tests.generation_jobs import generation_record
+from tests.generation_jobs import MODEL, generation_record
 
 pytestmark = pytest.mark.django_db
 
@@ -42,7 +42,7 @@ def conversation(alice) -> Conversation:
 
 
 def _queued() -> int:
-    return sum(sync_redis().xlen(keys.queue("stable", tier)) for tier in keys.TIERS)
+    return sum(sync_redis().xlen(keys.queue(MODEL, tier)) for tier in keys.TIERS)
 
 
 def _post(client: Client, conversation: Conversation, text: str, **extra):
@@ -291,7 +291,7 @@ def test_a_guests_key_appears_neither_in_redis_nor_in_the_admin():
     redis = sync_redis()
     for key in redis.scan_iter():
         assert session_key not in key
-    jobs = [job for tier in keys.TIERS for job in redis.xrange(keys.queue("stable", tier))]
+    jobs = [job for tier in keys.TIERS for job in redis.xrange(keys.queue(MODEL, tier))]
     assert jobs
     assert session_key not in repr(jobs)
     admin = Client()
@@ -377,4 +377,35 @@ def test_a_question_the_help_center_does_not_cover_is_told_to_say_so(client_alic
     system_prompt = job["messages"][0]["content"]
     assert "say that you do not know" in system_prompt
     assert "30 days" not in system_prompt
+    assert conversation.messages.get(role="assistant").sources == []
+
+
+def test_conversations_routed_to_the_candidate_are_asked_its_way_on_the_same_model(client_alice, alice):
+    stable, candidate = Variant.objects.get(name="stable"), Variant.objects.get(name="candidate")
+    assert stable.model == candidate.model == MODEL
+    assert (stable.system_prompt, stable.temperature) != (candidate.system_prompt, candidate.temperature)
+    CanaryRouting.objects.update_or_create(
+        pk=1, defaults={"stable_variant": "stable", "candidate_variant": "candidate", "split_percent": 100}
+    )
+    routing.canary_mirror()
+    conversation = Conversation.objects.create(owner=alice)
+    assert _post(client_alice, conversation, "Hello there").status_code == 202
+    (job,) = worker_double.queued("normal")  # the one queue of the model both variants share
+    assert job["messages"][0]["content"].startswith(candidate.system_prompt)
+    assert (job["temperature"], job["top_p"], job["max_tokens"]) == (
+        candidate.temperature,
+        candidate.top_p,
+        candidate.max_tokens,
+    )
+    assert conversation.messages.get(role="assistant").generation.variant == "candidate"
+
+
+def test_a_variant_without_the_help_center_gets_no_excerpts(client_alice, conversation):
+    knowledge_services.article_create(
+        slug="returns-policy", title="Returns policy", body="You can return most items within 30 days."
+    )
+    Variant.objects.filter(name="stable").update(knowledge=False, system_prompt="Reply in one line.")
+    assert _post(client_alice, conversation, "How long do I have to return an item?").status_code == 202
+    (job,) = worker_double.queued("normal")
+    assert job["messages"][0]["content"] == "Reply in one line."
     assert conversation.messages.get(role="assistant").sources == []

@@ -124,9 +124,9 @@ def test_keda_scales_the_workers_on_the_gauge_the_web_exports_for_their_variant(
     [trigger] = spec["triggers"]
     assert trigger["type"] == "prometheus"
     assert (trigger["metricType"], trigger["metadata"]["threshold"]) == ("AverageValue", "1")
-    variant = _config(overlay)["INFERENCE_VARIANT"]
+    model = _config(overlay)["INFERENCE_MODEL_NAME"]
     assert trigger["metadata"]["query"] == (
-        f'clamp_min(max(llm_workers_desired{{variant="{variant}"}}), 1) + max(llm_workers_warm_spares)'
+        f'clamp_min(max(llm_workers_desired{{model="{model}"}}), 1) + max(llm_workers_warm_spares)'
     )
     exported = {family.name for family in WEB_REGISTRY.collect()}
     assert {"llm_workers_desired", "llm_workers_warm_spares"} <= exported

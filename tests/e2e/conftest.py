@@ -19,6 +19,8 @@ SPINE_SETTINGS = {
     "JOB_LEASE_S": "3",
     "WORKER_HEARTBEAT_S": "0.5",
     "WORKER_HEARTBEAT_TTL_S": "3",
+    # These tests follow a message through the engine; test_answer_cache.py turns the cache on.
+    "ANSWER_CACHE_ENABLED": "false",
 }
 
 

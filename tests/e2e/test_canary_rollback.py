@@ -1,8 +1,9 @@
 """A candidate that fails 30% of its answers is rolled back by the Celery beat evaluation,
 whether the answers were asked through the chat or through the API.
 
-Real processes: redis, daphne, a stable and a candidate inference worker (the candidate's
-simulated engine fails 30% of its requests), and Celery with beat evaluating every 2 s.
+Real processes: redis, daphne, a worker for stable's model and one for the candidate's, on a
+model of its own (its simulated engine fails 30% of its requests), and Celery with beat
+evaluating every 2 s.
 """
 
 import asyncio
@@ -28,12 +29,18 @@ MIN_ANSWERS = 10
 MAX_ERROR_RATE_INCREASE_POINTS = 5
 GUESTS = 4
 AFTER_ROLLBACK_PER_GUEST = 4
+CANDIDATE_ON_ITS_OWN_MODEL = (
+    "from scheduler.models import Variant; "
+    "Variant.objects.filter(name='candidate').update(model='candidate-model')"
+)
 
 
 @pytest.fixture(scope="module")
 def stack():
     for stack in running_stack(CANARY_EVALUATION_S=str(EVALUATION_S)):
-        stack.start_worker(INFERENCE_VARIANT="candidate", SIMULATED_FAILURE_RATE="0.3")
+        # The candidate on a model of its own, whose one worker fails some answers.
+        assert stack.manage("shell", "-c", CANDIDATE_ON_ITS_OWN_MODEL).returncode == 0
+        stack.start_worker(INFERENCE_MODEL_NAME="candidate-model", SIMULATED_FAILURE_RATE="0.3")
         stack.start_celery()
         yield stack
 
@@ -165,8 +172,8 @@ def test_a_failing_candidate_is_rolled_back_within_two_evaluations_having_served
     assert failed and {(a["variant"], a["error_code"]) for a in failed} == {("candidate", "engine_error")}
     client = redis.Redis.from_url(stack.redis.url)
     for tier in keys.TIERS:
-        assert client.xpending(keys.queue("candidate", tier), keys.CONSUMER_GROUP)["pending"] == 0
-    assert client.xlen(keys.dead_letter("candidate")) == 0
+        assert client.xpending(keys.queue("candidate-model", tier), keys.CONSUMER_GROUP)["pending"] == 0
+    assert client.xlen(keys.dead_letter("candidate-model")) == 0
 
 
 # --- API traffic ----------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ import redis
 
 from scheduler import keys
 from tests.e2e.client import ChatClient
+from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -25,7 +26,7 @@ async def _followed(stack, request_id: str, stream: asyncio.Task) -> None:
     stream has already ended."""
     with redis.Redis.from_url(stack.redis.url, decode_responses=True) as client:
         while True:
-            if stream.done() or client.hget(keys.watchers("stable", request_id), "clients") == "1":
+            if stream.done() or client.hget(keys.watchers(MODEL, request_id), "clients") == "1":
                 return
             await asyncio.sleep(0.05)
 
@@ -57,7 +58,7 @@ def test_a_result_stream_redis_refuses_to_read_ends_with_an_error_and_others_end
         async with broken_guest:
             assert (await broken_guest.stream(broken_request)).terminal.event == "done"
             with redis.Redis.from_url(stack.redis.url) as client:
-                client.set(keys.result("stable", broken_request), "not a stream any more")
+                client.set(keys.result(MODEL, broken_request), "not a stream any more")
             broken = asyncio.create_task(broken_guest.stream(broken_request))
             await _followed(stack, broken_request, broken)
             guest, request_id = await _asked(stack, "an ordinary question")

@@ -14,6 +14,7 @@ import redis
 
 from scheduler import keys
 from tests.e2e.conftest import running_stack
+from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -79,7 +80,7 @@ def _wait(stack, key: str, job_id: str, until, timeout_s: float = 120.0) -> dict
 def _batch_enqueued(stack) -> int:
     """How many batch requests were ever queued (each submission counts once)."""
     client = redis.Redis.from_url(stack.redis.url, decode_responses=True)
-    return int(client.get(keys.enqueue_seq("stable", "batch")) or 0)
+    return int(client.get(keys.enqueue_seq(MODEL, "batch")) or 0)
 
 
 def _request_ids(stack, job_id: str) -> dict[int, str]:

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from launcher.process import free_port
 from tests.e2e.client import ChatClient
 from tests.e2e.conftest import running_stack
+from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -79,10 +80,10 @@ def test_the_web_counts_admissions_and_shows_the_live_worker(scrapes):
     web, _ = scrapes
     assert _total(web, "llm_admissions_total", outcome="admitted", tier="normal") >= ANSWERS
     assert _total(web, "llm_scheduler_redis_up") == 1
-    assert _total(web, "llm_workers_live", variant="stable") == 1
-    assert _total(web, "llm_worker_sequence_slots", variant="stable", engine="simulated") == 8
+    assert _total(web, "llm_workers_live", model=MODEL) == 1
+    assert _total(web, "llm_worker_sequence_slots", model=MODEL, engine="simulated") == 8
     assert _total(web, "llm_worker_memory_used_bytes", source="process-rss") > 0
-    assert _total(web, "llm_queue_depth", variant="stable") == 0  # every answer is done
+    assert _total(web, "llm_queue_depth", model=MODEL) == 0  # every answer is done
     assert _total(web, "llm_canary_split_percent") == 0
     assert _total(web, "llm_stream_clients") == 0  # every stream has ended
 

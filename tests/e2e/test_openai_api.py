@@ -14,6 +14,7 @@ import redis
 
 from scheduler import keys
 from tests.e2e.conftest import running_stack
+from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -41,9 +42,9 @@ def _client(stack, key: str, **options) -> openai.OpenAI:
     return openai.OpenAI(base_url=stack.base_url + "/v1", api_key=key, max_retries=0, **options)
 
 
-def test_models_list_names_the_variant_the_worker_serves(stack, vip_key):
+def test_models_list_names_the_variants_of_the_model_the_worker_serves(stack, vip_key):
     models = _client(stack, vip_key).models.list()
-    assert [(m.id, m.owned_by) for m in models.data] == [("stable", "simulated")]
+    assert [(m.id, m.owned_by) for m in models.data] == [("candidate", "simulated"), ("stable", "simulated")]
 
 
 def test_a_completion_returns_the_answer_with_usage_and_finish_reason(stack, vip_key):
@@ -126,7 +127,7 @@ def test_a_client_that_drops_a_stream_cancels_its_generation(stack, vip_key):
     deadline = time.monotonic() + 15
     done = None
     while done is None and time.monotonic() < deadline:
-        events = results.xrange(keys.result("stable", request_id))
+        events = results.xrange(keys.result(MODEL, request_id))
         done = next((json.loads(f["data"]) for _, f in events if f["type"] == "done"), None)
         time.sleep(0.2)
     assert done is not None, "the generation did not end"

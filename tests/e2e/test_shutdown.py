@@ -15,6 +15,7 @@ from launcher.process import Process
 from scheduler import keys
 from tests.e2e.client import ChatClient
 from tests.e2e.conftest import running_stack
+from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -51,11 +52,11 @@ async def _until_running(stack, count: int) -> None:
 def _known_workers(stack) -> set[str]:
     """Workers Redis still knows of: capacity reports and consumers of the queues."""
     with _redis(stack) as client:
-        known = set(client.hkeys(keys.capacity("stable")))
+        known = set(client.hkeys(keys.capacity(MODEL)))
         for tier in keys.TIERS:
-            if client.exists(keys.queue("stable", tier)):
+            if client.exists(keys.queue(MODEL, tier)):
                 known |= {
-                    c["name"] for c in client.xinfo_consumers(keys.queue("stable", tier), keys.CONSUMER_GROUP)
+                    c["name"] for c in client.xinfo_consumers(keys.queue(MODEL, tier), keys.CONSUMER_GROUP)
                 }
         return known
 
@@ -142,7 +143,7 @@ def _redis_down(stack):
 def _until_another_worker_reports(stack, known: set[str]) -> None:
     deadline = time.monotonic() + 120
     with _redis(stack) as client:
-        while not set(client.hkeys(keys.capacity("stable"))) - known:
+        while not set(client.hkeys(keys.capacity(MODEL))) - known:
             assert time.monotonic() < deadline, "the new worker never reported"
             time.sleep(0.05)
 

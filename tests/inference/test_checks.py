@@ -6,6 +6,8 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.test import override_settings
 
+from inference.checks import served_model_check
+
 
 def _ids() -> set[str]:
     return {message.id for message in run_checks() if message.id.startswith("inference.")}
@@ -41,3 +43,12 @@ def test_one_slot_with_the_default_vip_reserve_is_refused_with_what_to_change():
     text = str(refused.value)
     assert "(inference.E002) VIP_RESERVED_SLOTS = 2 of INFERENCE_MAX_NUM_SEQS = 1 slots" in text
     assert "HINT: Set VIP_RESERVED_SLOTS below INFERENCE_MAX_NUM_SEQS" in text
+
+
+@pytest.mark.django_db
+def test_a_worker_whose_model_no_variant_names_is_warned_about(settings):
+    assert served_model_check(databases=["default"]) == []
+    settings.INFERENCE_MODEL_NAME = "renamed-model"
+    [warning] = served_model_check(databases=["default"])
+    assert warning.id == "inference.W003"
+    assert "renamed-model" in warning.msg

@@ -75,10 +75,11 @@ def test_an_answer_that_never_ran_counts_only_its_outcome(variant):
 
 
 def test_a_workers_series_exist_at_zero_before_its_first_answer(variant):
-    metrics.series_init(variant)
+    metrics.series_init(f"model-of-{variant}")
+    assert _sample("llm_jobs_dead_lettered_total", model=f"model-of-{variant}") == 0
+    metrics.variant_series_init(variant)  # when it starts a first job of the variant
     assert _sample("llm_generations_total", variant=variant, tier="vip", outcome="timeout") == 0
     assert _sample("llm_time_to_first_token_seconds_count", variant=variant, tier="batch") == 0
-    assert _sample("llm_jobs_dead_lettered_total", variant=variant) == 0
 
 
 # --- the worker's endpoint ----------------------------------------------------------------------

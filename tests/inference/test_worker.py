@@ -25,7 +25,7 @@ from scheduler.redis import new_async_redis, sync_redis
 from scheduler.results import ResultPublisher
 from scheduler.services import GenerationOutcome, generation_finish
 from scheduler.warmpool import serving_decide, serving_leave, spares_mirror
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 # Committed transactions: the worker stores answers from a thread of its own, with its own
 # database connection, as it does in production.
@@ -67,7 +67,7 @@ class ScriptedEngine:
 
 def _worker(engine: Any, **config: Any) -> InferenceWorker:
     defaults = {
-        "variant": "stable",
+        "model": MODEL,
         "vip_reserved_slots": 1,
         "lease_s": 30.0,
         "max_attempts": 3,
@@ -91,7 +91,7 @@ def _serve(
 
     async def scenario() -> Job:
         client = new_async_redis()
-        worker.queue = JobQueue(client, variant="stable", consumer=worker.worker_id)
+        worker.queue = JobQueue(client, model=MODEL, consumer=worker.worker_id)
         worker.publisher = ResultPublisher(client)
         publishing = asyncio.create_task(worker.publisher.run())
         try:
@@ -118,12 +118,12 @@ def _submit(tier: str = Tier.NORMAL) -> str:
 
 
 def _events(request_id: str) -> list[tuple[str, dict]]:
-    entries = sync_redis().xrange(keys.result("stable", request_id))
+    entries = sync_redis().xrange(keys.result(MODEL, request_id))
     return [(fields["type"], json.loads(fields["data"])) for _, fields in entries]
 
 
 def _pending(tier: str = Tier.NORMAL) -> int:
-    return sync_redis().xpending(keys.queue("stable", tier), keys.CONSUMER_GROUP)["pending"]
+    return sync_redis().xpending(keys.queue(MODEL, tier), keys.CONSUMER_GROUP)["pending"]
 
 
 def _in_flight(client_id: str = "c1") -> int:
@@ -154,7 +154,7 @@ def test_a_job_cancelled_before_it_started_never_reaches_the_engine():
     answer = Generation.objects.get(request_id=request_id)
     assert (answer.status, answer.text, answer.finish_reason) == ("cancelled", "", "cancelled")
     assert _events(request_id)[-1] == ("done", {"finish_reason": "cancelled", "usage": {
-        "prompt_tokens": 0, "completion_tokens": 0}, "timings": {}})  # fmt: skip
+        "prompt_tokens": 0, "completion_tokens": 0}, "timings": {}, "cached": False})  # fmt: skip
     assert (_pending(), _in_flight()) == (0, 0)
 
 
@@ -216,11 +216,9 @@ def test_a_dead_engine_drains_the_worker_and_leaves_the_job_for_another():
 def test_a_job_reclaimed_after_its_worker_died_mid_answer_restarts_with_a_reset():
     request_id = _submit()
     # The dead worker's start and first token are in the stream.
+    sync_redis().xadd(keys.result(MODEL, request_id), {"type": "start", "data": json.dumps({"attempt": 1})})
     sync_redis().xadd(
-        keys.result("stable", request_id), {"type": "start", "data": json.dumps({"attempt": 1})}
-    )
-    sync_redis().xadd(
-        keys.result("stable", request_id), {"type": "token", "data": json.dumps({"seq": 0, "text": "Old "})}
+        keys.result(MODEL, request_id), {"type": "token", "data": json.dumps({"seq": 0, "text": "Old "})}
     )
     _serve(_worker(ScriptedEngine("New ", "answer.")), adjust=lambda job: dataclasses.replace(job, attempt=2))
     kinds = [kind for kind, _ in _events(request_id)]
@@ -237,7 +235,7 @@ def test_a_job_finished_before_its_worker_could_acknowledge_it_is_only_acknowled
         request_id=request_id, outcome=GenerationOutcome(status=Generation.Status.DONE, text="Once.")
     )
     sync_redis().xadd(
-        keys.result("stable", request_id), {"type": "done", "data": json.dumps({"finish_reason": "stop"})}
+        keys.result(MODEL, request_id), {"type": "done", "data": json.dumps({"finish_reason": "stop"})}
     )
     events = _events(request_id)
     engine = ScriptedEngine("Twice.")
@@ -265,7 +263,7 @@ def _running(worker: InferenceWorker, *tiers: str) -> None:
     for n, tier in enumerate(tiers):
         job = Job(
             entry_id=f"0-{n}",
-            variant="stable",
+            model=MODEL,
             tier=tier,
             request_id=f"r{n}",
             seq=n,
@@ -306,7 +304,7 @@ def test_a_normal_job_waiting_past_the_aging_time_goes_before_vip():
     async def claim(aging_s: float | None) -> list[str]:
         client = new_async_redis()
         try:
-            queue = JobQueue(client, variant="stable", consumer="w")
+            queue = JobQueue(client, model=MODEL, consumer="w")
             await queue.ensure_groups()
             jobs = await queue.claim(total=1, per_tier=dict.fromkeys(Tier, 1), aging_s=aging_s)
             return [job.request_id for job in jobs]
@@ -342,12 +340,12 @@ def test_a_spare_claims_nothing_and_adds_no_capacity_until_it_is_needed():
         return json.loads(raw) if raw else {}
 
     def capacity() -> str:
-        return sync_redis().hget(keys.capacity("stable"), worker.worker_id) or ""
+        return sync_redis().hget(keys.capacity(MODEL), worker.worker_id) or ""
 
     async def scenario() -> None:
         client = new_async_redis()
         # Another worker already serves, and no traffic asks for a second one.
-        await serving_decide(client, variant="stable", worker_id="serving-1", needed=1)
+        await serving_decide(client, model=MODEL, worker_id="serving-1", needed=1)
         running = asyncio.create_task(worker.run())
         try:
             await _until(lambda: heartbeat().get("spare"), "the worker to report itself a spare")
@@ -364,7 +362,7 @@ def test_a_spare_claims_nothing_and_adds_no_capacity_until_it_is_needed():
             await _until(heartbeats_later, "three more heartbeats as a spare")
             assert _pending() == 0 and _events(request_id)[-1][0] == "queued"
             # The serving worker stops: the spare takes its place and answers.
-            await serving_leave(client, variant="stable", worker_id="serving-1")
+            await serving_leave(client, model=MODEL, worker_id="serving-1")
             await _until(lambda: _events(request_id)[-1][0] == "done", "the former spare to answer")
             await _until(lambda: not heartbeat()["spare"], "its heartbeat to say it serves")
         finally:

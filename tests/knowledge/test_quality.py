@@ -104,7 +104,11 @@ def test_right_answers_score_full_marks_from_the_help_centers_prompt(help_center
     assert system.startswith("You are the shop's assistant.")
     assert HELP_CENTER_PROMPT.split("{excerpts}")[0].strip() in system
     assert "30 days of delivery" in system
-    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.max_tokens) == (0.3, 1.0, 64)
+    assert (request.sampling.temperature, request.sampling.top_p, request.sampling.max_tokens) == (
+        0.3,
+        1.0,
+        64,
+    )
 
 
 def test_a_missing_fact_an_invented_answer_and_the_wrong_language_each_cost_their_part(help_center):

@@ -26,6 +26,7 @@ MULTIHOST_SETTINGS = {
     "WORKER_HEARTBEAT_TTL_S": "3",
     "CANARY_EVALUATION_S": "2",
     "STREAM_DISCONNECT_GRACE_S": "60",
+    "ANSWER_CACHE_ENABLED": "false",  # every answer goes through the hosts' engines
 }
 
 

@@ -7,7 +7,7 @@ from scheduler import workers
 from scheduler.autoscale import TierDemand, WorkerShape, workers_desired, workers_needed
 from scheduler.queues import ARRIVAL_BUCKET_S, arrival_rates, job_enqueue
 from scheduler.redis import new_async_redis
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -84,18 +84,18 @@ def test_admitted_jobs_count_as_arrivals_and_refused_ones_do_not(settings):
     now = time.time()
     # The window starts at the bucket holding now - 30 s, so it spans 30 to 35 seconds.
     window_s = now - (now - 30) // ARRIVAL_BUCKET_S * ARRIVAL_BUCKET_S
-    rates = arrival_rates(variant="stable", now=now)
+    rates = arrival_rates(model=MODEL, now=now)
     assert rates["normal"] * window_s == pytest.approx(12)
     assert rates["vip"] * window_s == pytest.approx(3)
     assert rates["batch"] == 0
-    assert arrival_rates(variant="canary", now=now) == {"vip": 0, "normal": 0, "batch": 0}
+    assert arrival_rates(model="other-model", now=now) == {"vip": 0, "normal": 0, "batch": 0}
     # Once the window has passed, they no longer count.
-    assert arrival_rates(variant="stable", now=now + 40)["normal"] == 0
+    assert arrival_rates(model=MODEL, now=now + 40)["normal"] == 0
 
 
-def _heartbeat(worker_id: str, *, variant: str = "stable", draining: bool = False) -> None:
+def _heartbeat(worker_id: str, *, model: str = MODEL, draining: bool = False) -> None:
     info = {
-        "variant": variant,
+        "model": model,
         "engine": "simulated",
         "slots": 16,
         "vip_reserved_slots": 2,
@@ -120,9 +120,9 @@ def test_the_desired_count_reads_the_workers_heartbeats_and_the_policies(setting
     settings.AUTOSCALE_TARGET_UTILIZATION = 1.0
     settings.SERVICE_TIME_PRIOR_S = 50.0  # would ask for far more workers, were it used
     _heartbeat("w1")
-    _heartbeat("w2", variant="canary")
+    _heartbeat("w2", model="other-model")
     live = workers.live_workers()
     # The normal tier's SLO is 60 s: 420 queued normal jobs need 7 jobs/s, one worker's share.
-    assert workers_desired(variant="stable", workers=live, queued={"normal": 420}) == 1
-    assert workers_desired(variant="stable", workers=live, queued={"normal": 421}) == 2
-    assert workers_desired(variant="stable", workers=live, queued={}) == 0
+    assert workers_desired(model=MODEL, workers=live, queued={"normal": 420}) == 1
+    assert workers_desired(model=MODEL, workers=live, queued={"normal": 421}) == 2
+    assert workers_desired(model=MODEL, workers=live, queued={}) == 0

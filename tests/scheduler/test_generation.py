@@ -42,6 +42,7 @@ def test_a_job_decodes_to_what_was_encoded():
         client_id="key:7",
         tier=Tier.VIP,
         variant="candidate",
+        model="smollm2",
         disconnect_grace_s=None,
     )
     assert GenerationJob.decode(job.encode()) == job

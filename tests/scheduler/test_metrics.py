@@ -7,13 +7,13 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler import metrics, routing, workers
 from scheduler.admission import AdmissionRefused, request_submit
-from scheduler.models import CanaryRouting, WarmPool
+from scheduler.models import CanaryRouting, Variant, WarmPool
 from scheduler.policy import tier_policy
 from scheduler.queues import job_enqueue
 from scheduler.redis import new_async_redis
 from scheduler.results import ResultFollower
 from scheduler.warmpool import spares_mirror
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -35,10 +35,10 @@ def _admissions(**labels: str) -> float:
     return metrics.WEB_REGISTRY.get_sample_value("llm_admissions_total", labels) or 0.0
 
 
-def _enqueue(request_id: str, tier: str, variant: str = "stable") -> None:
+def _enqueue(request_id: str, tier: str, variant: str = "stable", model: str = MODEL) -> None:
     job_enqueue(
         tier=tier,
-        job=generation_job(request_id, tier=tier, variant=variant),
+        job=generation_job(request_id, tier=tier, variant=variant, model=model),
         max_queued=100,
         wait_slo_s=1000,
         max_wait_s=60,
@@ -47,7 +47,7 @@ def _enqueue(request_id: str, tier: str, variant: str = "stable") -> None:
 
 def _heartbeat(worker_id: str, *, jobs_per_s: float, normal_jobs_per_s: float, spare: bool = False) -> None:
     info = {
-        "variant": "stable",
+        "model": MODEL,
         "engine": "simulated",
         "slots": 8,
         "running": 3,
@@ -113,17 +113,17 @@ def test_a_scrape_reads_queues_workers_and_policies_from_redis():
     samples = _scrape()
 
     assert _value(samples, "llm_scheduler_redis_up") == 1
-    assert _value(samples, "llm_queue_depth", variant="stable", tier="normal") == 2
-    assert _value(samples, "llm_queue_depth", variant="stable", tier="vip") == 1
-    assert _value(samples, "llm_queue_depth", variant="stable", tier="batch") == 0
+    assert _value(samples, "llm_queue_depth", model=MODEL, tier="normal") == 2
+    assert _value(samples, "llm_queue_depth", model=MODEL, tier="vip") == 1
+    assert _value(samples, "llm_queue_depth", model=MODEL, tier="batch") == 0
     # A normal request waits behind the VIP queue too: 3 jobs at the 2 normal jobs/s reported.
-    assert _value(samples, "llm_queue_predicted_wait_seconds", variant="stable", tier="normal") == 1.5
-    assert _value(samples, "llm_queue_predicted_wait_seconds", variant="stable", tier="vip") == 0.25
-    assert _value(samples, "llm_queue_drain_rate_jobs_per_second", variant="stable", tier="vip") == 4.0
+    assert _value(samples, "llm_queue_predicted_wait_seconds", model=MODEL, tier="normal") == 1.5
+    assert _value(samples, "llm_queue_predicted_wait_seconds", model=MODEL, tier="vip") == 0.25
+    assert _value(samples, "llm_queue_drain_rate_jobs_per_second", model=MODEL, tier="vip") == 4.0
     for tier in ("vip", "normal", "batch"):
         assert _value(samples, "llm_queue_wait_slo_seconds", tier=tier) == tier_policy(tier).wait_slo_s
-    assert _value(samples, "llm_workers_live", variant="stable") == 1
-    worker = {"worker": "w1", "variant": "stable", "engine": "simulated"}
+    assert _value(samples, "llm_workers_live", model=MODEL) == 1
+    worker = {"worker": "w1", "model": MODEL, "engine": "simulated"}
     assert _value(samples, "llm_worker_running_sequences", **worker) == 3
     assert _value(samples, "llm_worker_sequence_slots", **worker) == 8
     assert _value(samples, "llm_worker_engine_waiting_sequences", **worker) == 1
@@ -134,23 +134,32 @@ def test_a_scrape_reads_queues_workers_and_policies_from_redis():
     assert _value(samples, "llm_canary_split_percent", stable="stable", candidate="") == 0
 
 
-def test_a_canary_candidate_without_workers_shows_as_a_variant_with_none_live():
+def _next_variant() -> None:
+    """A candidate on a model of its own, which no worker serves yet."""
+    Variant.objects.create(
+        name="next", model="next-model", system_prompt="Be brief.", temperature=0.5, top_p=1.0, max_tokens=64
+    )
+
+
+def test_a_canary_candidate_without_workers_shows_as_a_model_with_none_live():
+    _next_variant()
     CanaryRouting.objects.update_or_create(
         pk=1, defaults={"stable_variant": "stable", "candidate_variant": "next", "split_percent": 10}
     )
     routing.canary_mirror()
     _heartbeat("w1", jobs_per_s=4.0, normal_jobs_per_s=2.0)
-    _enqueue("canary-0", "normal", variant="next")
+    _enqueue("canary-0", "normal", variant="next", model="next-model")
 
     samples = _scrape()
 
     assert _value(samples, "llm_canary_split_percent", stable="stable", candidate="next") == 10
-    assert _value(samples, "llm_workers_live", variant="stable") == 1
-    assert _value(samples, "llm_workers_live", variant="next") == 0
-    assert _value(samples, "llm_queue_depth", variant="next", tier="normal") == 1
+    assert _value(samples, "llm_workers_live", model=MODEL) == 1
+    assert _value(samples, "llm_workers_live", model="next-model") == 0
+    assert _value(samples, "llm_queue_depth", model="next-model", tier="normal") == 1
 
 
-def test_the_desired_worker_count_follows_each_variants_admitted_traffic(settings):
+def test_the_desired_worker_count_follows_each_models_admitted_traffic(settings):
+    _next_variant()
     settings.AUTOSCALE_TARGET_UTILIZATION = 1.0
     settings.AUTOSCALE_ARRIVAL_WINDOW_S = 30
     settings.SERVICE_TIME_PRIOR_S = 6.0  # the heartbeat reports no measure: 8 slots, 6 below VIP
@@ -159,7 +168,7 @@ def test_the_desired_worker_count_follows_each_variants_admitted_traffic(setting
     )
     routing.canary_mirror()
     _heartbeat("w1", jobs_per_s=4.0, normal_jobs_per_s=2.0)
-    assert _value(_scrape(), "llm_workers_desired", variant="stable") == 0
+    assert _value(_scrape(), "llm_workers_desired", model=MODEL) == 0
 
     for n in range(100):
         _enqueue(f"normal-{n}", "normal")
@@ -167,17 +176,17 @@ def test_the_desired_worker_count_follows_each_variants_admitted_traffic(setting
 
     # 100 admitted over the last 30-35 s and 100 queued for the 60 s SLO: 4.5 to 5 jobs/s, at
     # 1 job/s per worker (6 slots below VIP, 6 s an answer).
-    assert _value(samples, "llm_workers_desired", variant="stable") == 5
-    assert _value(samples, "llm_workers_live", variant="stable") == 1
-    assert _value(samples, "llm_workers_desired", variant="next") == 0
+    assert _value(samples, "llm_workers_desired", model=MODEL) == 5
+    assert _value(samples, "llm_workers_live", model=MODEL) == 1
+    assert _value(samples, "llm_workers_desired", model="next-model") == 0
 
 
 def test_warm_spares_are_counted_apart_from_the_serving_workers():
     _heartbeat("w1", jobs_per_s=4.0, normal_jobs_per_s=2.0)
     _heartbeat("w2", jobs_per_s=0.0, normal_jobs_per_s=0.0, spare=True)
     samples = _scrape()
-    assert _value(samples, "llm_workers_live", variant="stable") == 2
-    assert _value(samples, "llm_workers_spare", variant="stable") == 1
+    assert _value(samples, "llm_workers_live", model=MODEL) == 2
+    assert _value(samples, "llm_workers_spare", model=MODEL) == 1
     assert _value(samples, "llm_workers_warm_spares") == 0
     WarmPool.objects.update_or_create(pk=1, defaults={"spares": 2})
     spares_mirror()
@@ -205,8 +214,8 @@ def test_stream_clients_count_the_clients_following_a_result_stream():
         before = clients()
         follower = ResultFollower()
         async with (
-            follower.subscribe(variant="stable", request_id="r1", after_id="0-0"),
-            follower.subscribe(variant="stable", request_id="r1", after_id="0-0"),
+            follower.subscribe(model=MODEL, request_id="r1", after_id="0-0"),
+            follower.subscribe(model=MODEL, request_id="r1", after_id="0-0"),
         ):
             during = clients()
         return before, during, clients()

@@ -4,7 +4,7 @@ import time
 from scheduler import keys
 from scheduler.queues import JobQueue, job_enqueue
 from scheduler.redis import new_async_redis, sync_redis
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 
 def _enqueue(request_id: str, tier: str = "normal", max_queued: int = 100, wait_slo_s: float = 1000):
@@ -20,7 +20,7 @@ def _enqueue(request_id: str, tier: str = "normal", max_queued: int = 100, wait_
 def _with_queue(consumer: str, body):
     async def run():
         client = new_async_redis()
-        queue = JobQueue(client, variant="stable", consumer=consumer)
+        queue = JobQueue(client, model=MODEL, consumer=consumer)
         await queue.ensure_groups()
         try:
             return await body(queue)
@@ -66,7 +66,7 @@ def test_claims_take_vip_first_and_never_more_than_the_free_slots():
 
 def test_the_enqueued_job_announces_itself_in_the_result_stream():
     _enqueue("r1", tier="vip")
-    entries = sync_redis().xrange(keys.result("stable", "r1"))
+    entries = sync_redis().xrange(keys.result(MODEL, "r1"))
     assert [fields["type"] for _, fields in entries] == ["queued"]
 
 
@@ -75,7 +75,7 @@ def test_a_dead_workers_jobs_are_taken_over_after_the_lease_until_attempts_run_o
 
     async def body(dead_queue):
         [job] = await dead_queue.claim(total=1, per_tier={"normal": 1})
-        live = JobQueue(dead_queue.client, variant="stable", consumer="live")
+        live = JobQueue(dead_queue.client, model=MODEL, consumer="live")
         too_early = await live.reclaim_expired(lease_s=5, max_count=4, max_attempts=2)
         await asyncio.sleep(0.15)
         second = await live.reclaim_expired(lease_s=0.1, max_count=4, max_attempts=2)
@@ -96,7 +96,7 @@ def test_a_renewed_lease_keeps_the_job_and_a_released_job_is_taken_at_once():
 
     async def body(queue):
         [job] = await queue.claim(total=1, per_tier={"normal": 1})
-        other = JobQueue(queue.client, variant="stable", consumer="other")
+        other = JobQueue(queue.client, model=MODEL, consumer="other")
         await asyncio.sleep(0.15)
         await queue.renew_leases([job])
         kept = await other.reclaim_expired(lease_s=0.1, max_count=4, max_attempts=3)
@@ -129,7 +129,7 @@ def test_a_normal_job_waiting_past_the_aging_limit_goes_before_vip():
 def test_the_predicted_wait_counts_higher_tiers_ahead_and_uses_live_workers_capacity():
     now = time.time()
     # One live worker finishing 2 jobs/s in all, 1 job/s of normal traffic.
-    sync_redis().hset(keys.capacity("stable"), "w1", f"2.0|1.0|{now}")
+    sync_redis().hset(keys.capacity(MODEL), "w1", f"2.0|1.0|{now}")
     for n in range(4):
         _enqueue(f"vip-{n}", tier="vip")
     vip = _enqueue("vip-4", tier="vip")
@@ -139,12 +139,12 @@ def test_the_predicted_wait_counts_higher_tiers_ahead_and_uses_live_workers_capa
 
 
 def _consumers(tier: str = "normal") -> dict[str, int]:
-    infos = sync_redis().xinfo_consumers(keys.queue("stable", tier), keys.CONSUMER_GROUP)
+    infos = sync_redis().xinfo_consumers(keys.queue(MODEL, tier), keys.CONSUMER_GROUP)
     return {info["name"]: info["pending"] for info in infos}
 
 
 def _report_capacity(worker_id: str, at: float) -> None:
-    sync_redis().hset(keys.capacity("stable"), worker_id, f"1.0|1.0|{at}")
+    sync_redis().hset(keys.capacity(MODEL), worker_id, f"1.0|1.0|{at}")
 
 
 def test_dead_workers_are_forgotten_once_they_hold_no_job_and_live_ones_are_kept():
@@ -152,21 +152,21 @@ def test_dead_workers_are_forgotten_once_they_hold_no_job_and_live_ones_are_kept
     long_ago = time.time() - 3600
 
     async def body(queue):
-        dead = JobQueue(queue.client, variant="stable", consumer="dead")
+        dead = JobQueue(queue.client, model=MODEL, consumer="dead")
         [job] = await dead.claim(total=1, per_tier={"normal": 1})
         for holding_nothing in ("idle-dead", "live"):
             sync_redis().xgroup_createconsumer(
-                keys.queue("stable", "normal"), keys.CONSUMER_GROUP, holding_nothing
+                keys.queue(MODEL, "normal"), keys.CONSUMER_GROUP, holding_nothing
             )
         _report_capacity("dead", long_ago)
         _report_capacity("idle-dead", long_ago)
         _report_capacity("live", time.time())
 
         await queue.dead_workers_forget(stale_s=5)
-        first = (_consumers(), set(sync_redis().hkeys(keys.capacity("stable"))))
+        first = (_consumers(), set(sync_redis().hkeys(keys.capacity(MODEL))))
         runnable, _ = await queue.reclaim_expired(lease_s=0, max_count=1, max_attempts=3)
         await queue.dead_workers_forget(stale_s=5)
-        second = (_consumers(), set(sync_redis().hkeys(keys.capacity("stable"))))
+        second = (_consumers(), set(sync_redis().hkeys(keys.capacity(MODEL))))
         return job, runnable, first, second
 
     job, runnable, first, second = _with_queue("live", body)

@@ -10,7 +10,7 @@ from launcher.redis import RedisServer
 from scheduler import keys
 from scheduler.queues import job_enqueue
 from scheduler.redis import NotReplicated, sync_redis
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 
 def _enqueue(request_id: str):
@@ -55,5 +55,5 @@ def test_an_accepted_job_is_on_the_replica_when_it_is_accepted(settings, replica
     settings.REDIS_WAIT_REPLICAS = 1
     assert _enqueue("r1").admitted
     # Read at once, without waiting: WAIT already made sure it is there.
-    entries = replica.xrange(keys.queue("stable", "normal"))
+    entries = replica.xrange(keys.queue(MODEL, "normal"))
     assert [fields["request_id"] for _, fields in entries] == ["r1"]

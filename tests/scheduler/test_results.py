@@ -61,15 +61,13 @@ def test_followers_get_every_event_in_order_from_their_own_cursor():
         publishing = asyncio.create_task(publisher.run())
         follower = ResultFollower()
         try:
-            async with follower.subscribe(variant="v", request_id="a", after_id="0-0") as early:
+            async with follower.subscribe(model="v", request_id="a", after_id="0-0") as early:
                 for n in range(3):
                     publisher.emit("v", "a", Token(seq=n, text=f"t{n} "))
                 first_three = await _collect(early, "token")
                 while len(first_three) < 3:
                     first_three += await early.next_batch(5)
-                async with follower.subscribe(
-                    variant="v", request_id="a", after_id=first_three[0].id
-                ) as late:
+                async with follower.subscribe(model="v", request_id="a", after_id=first_three[0].id) as late:
                     await publisher.emit("v", "a", Done(finish_reason="stop"))
                     late_events = await _collect(late, "done")
                 early_rest = await _collect(early, "done")
@@ -94,9 +92,9 @@ def test_one_follower_serves_many_streams_and_wakes_for_new_subscriptions():
         publishing = asyncio.create_task(publisher.run())
         follower = ResultFollower()
         try:
-            async with follower.subscribe(variant="v", request_id="idle", after_id="0-0"):
+            async with follower.subscribe(model="v", request_id="idle", after_id="0-0"):
                 await asyncio.sleep(0.2)  # the reader is now blocked on the idle stream
-                async with follower.subscribe(variant="v", request_id="busy", after_id="0-0") as busy:
+                async with follower.subscribe(model="v", request_id="busy", after_id="0-0") as busy:
                     await publisher.emit("v", "busy", Done(finish_reason="stop"))
                     started = asyncio.get_running_loop().time()
                     events = await _collect(busy, "done")
@@ -121,8 +119,8 @@ def test_a_stream_redis_refuses_to_read_ends_alone_with_an_error_and_the_others_
         publishing = asyncio.create_task(publisher.run())
         follower = ResultFollower()
         try:
-            async with follower.subscribe(variant="v", request_id="fine", after_id="0-0") as fine:
-                async with follower.subscribe(variant="v", request_id="wrong-type", after_id="0-0") as bad:
+            async with follower.subscribe(model="v", request_id="fine", after_id="0-0") as fine:
+                async with follower.subscribe(model="v", request_id="wrong-type", after_id="0-0") as bad:
                     bad_events = await _collect(bad, "error")
                 await publisher.emit("v", "fine", Done(finish_reason="stop"))
                 fine_events = await _collect(fine, "done")
@@ -148,8 +146,8 @@ def test_an_entry_that_is_not_an_event_ends_only_its_own_stream():
         follower = ResultFollower()
         try:
             async with (
-                follower.subscribe(variant="v", request_id="fine", after_id="0-0") as fine,
-                follower.subscribe(variant="v", request_id="corrupt", after_id="0-0") as bad,
+                follower.subscribe(model="v", request_id="fine", after_id="0-0") as fine,
+                follower.subscribe(model="v", request_id="corrupt", after_id="0-0") as bad,
             ):
                 bad_events = await _collect(bad, "error")
                 await publisher.emit("v", "fine", Done(finish_reason="stop"))
@@ -185,9 +183,9 @@ def test_subscribers_of_a_follower_that_dies_get_an_error_and_a_new_subscription
         publishing = asyncio.create_task(publisher.run())
         follower = ResultFollower()
         try:
-            async with follower.subscribe(variant="v", request_id="first", after_id="0-0") as first:
+            async with follower.subscribe(model="v", request_id="first", after_id="0-0") as first:
                 first_events = await _collect(first, "error")
-            async with follower.subscribe(variant="v", request_id="second", after_id="0-0") as second:
+            async with follower.subscribe(model="v", request_id="second", after_id="0-0") as second:
                 await publisher.emit("v", "second", Done(finish_reason="stop"))
                 second_events = await _collect(second, "done")
             return first_events, second_events

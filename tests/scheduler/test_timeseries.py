@@ -14,7 +14,7 @@ from scheduler.policy import policies_mirror
 from scheduler.queues import job_enqueue
 from scheduler.redis import new_async_redis, sync_redis
 from scheduler.services import GenerationOutcome
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 
 def _run(body):
@@ -87,7 +87,7 @@ def test_refusals_are_counted_by_reason():
     assert refusals == {"rate_limited_user": 3}
 
 
-def test_a_workers_heartbeat_samples_its_variants_queue_depths():
+def test_a_workers_heartbeat_samples_its_models_queue_depths():
     for n in range(4):
         job_enqueue(
             tier="normal" if n else "vip",
@@ -96,9 +96,9 @@ def test_a_workers_heartbeat_samples_its_variants_queue_depths():
             wait_slo_s=1000,
             max_wait_s=60,
         )
-    _run(lambda client: timeseries.queue_depth_record(client, variant="stable"))
+    _run(lambda client: timeseries.queue_depth_record(client, model=MODEL))
     current = timeseries.series_buckets(seconds=10)[-1]
-    assert current.queue_depth == {("stable", "vip"): 1, ("stable", "normal"): 3, ("stable", "batch"): 0}
+    assert current.queue_depth == {(MODEL, "vip"): 1, (MODEL, "normal"): 3, (MODEL, "batch"): 0}
 
 
 def test_buckets_expire_after_the_retention():

@@ -7,7 +7,7 @@ from scheduler.models import WarmPool
 from scheduler.queues import job_enqueue
 from scheduler.redis import new_async_redis, sync_redis
 from scheduler.warmpool import serving_decide, serving_leave, serving_needed, spares_mirror, warm_spares
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 pytestmark = pytest.mark.django_db
 
@@ -20,7 +20,7 @@ def _decide(needed: int | None, *worker_ids: str) -> dict[str, bool]:
         try:
             return await asyncio.gather(
                 *(
-                    serving_decide(client, variant="stable", worker_id=worker_id, needed=needed)
+                    serving_decide(client, model=MODEL, worker_id=worker_id, needed=needed)
                     for client, worker_id in zip(clients, worker_ids, strict=True)
                 )
             )
@@ -32,7 +32,7 @@ def _decide(needed: int | None, *worker_ids: str) -> dict[str, bool]:
 
 
 def _serving() -> set[str]:
-    return set(sync_redis().zrange(keys.serving("stable"), 0, -1))
+    return set(sync_redis().zrange(keys.serving(MODEL), 0, -1))
 
 
 def test_without_a_pool_every_worker_serves():
@@ -66,7 +66,7 @@ def test_a_stopping_worker_leaves_its_place_to_a_spare():
     async def stop() -> None:
         client = new_async_redis()
         try:
-            await serving_leave(client, variant="stable", worker_id="w1")
+            await serving_leave(client, model=MODEL, worker_id="w1")
         finally:
             await client.aclose()
 
@@ -80,17 +80,17 @@ def test_the_need_is_the_desired_count_and_at_least_one_while_the_pool_is_on(set
     # No worker reports yet: 16 slots, 2 kept for VIP, 2 s an answer, 7 normal jobs/s a worker.
     settings.INFERENCE_MAX_NUM_SEQS, settings.VIP_RESERVED_SLOTS, settings.SERVICE_TIME_PRIOR_S = 16, 2, 2.0
     assert warm_spares() == 0
-    assert serving_needed(variant="stable") is None
+    assert serving_needed(model=MODEL) is None
     WarmPool.objects.update_or_create(pk=1, defaults={"spares": 1})
     spares_mirror()
     assert warm_spares() == 1
-    assert serving_needed(variant="stable") == 1  # no traffic: one serves all the same
+    assert serving_needed(model=MODEL) == 1  # no traffic: one serves all the same
     # 200 admitted in the last 30-35 s and all still queued (60 s SLO): 9 to 10 jobs/s.
     for _ in range(200):
         assert job_enqueue(
             tier="normal", job=generation_job(), max_queued=1000, wait_slo_s=10**6, max_wait_s=60
         ).admitted
-    assert serving_needed(variant="stable") == 2
+    assert serving_needed(model=MODEL) == 2
 
 
 def test_the_mirror_is_rebuilt_from_the_database_when_redis_lost_it():
@@ -105,7 +105,7 @@ def test_a_worker_that_stops_leaves_the_serving_set():
     async def remove() -> None:
         client = new_async_redis()
         try:
-            await workers.heartbeat_remove(client, worker_id="w1", variant="stable")
+            await workers.heartbeat_remove(client, worker_id="w1", model=MODEL)
         finally:
             await client.aclose()
 

@@ -1,0 +1,408 @@
+"""The result cache: first-turn questions answered again from an earlier good answer, without
+a queue or a GPU slot.
+
+It lives beside the help center because the help center is what it is keyed on and
+invalidated by: an entry remembers the knowledge-base version and the articles its answer was
+written from, an article edit drops what that article fed, and questions are matched with the
+help center's own embedder (the vector chat already computes for retrieval, so a lookup costs
+no second embedding). The scheduler writes the hit's record and result stream
+(scheduler.admission.request_answer_cached); it never imports this module, so no worker loads
+an embedder.
+
+What is looked up, stored and served:
+- Only a first turn: a new conversation's first message, or an API call whose messages are one
+  user message. A later turn depends on its history, which the key does not hold.
+- Only within one variant and one `context`: a hash of everything else that shapes the
+  answer (for chat: the variant's model, system prompt, sampling and help-center switch; for
+  the API: the model and the caller's sampling). Editing a variant starts a fresh cache.
+- A match is exact (the normalised text's hash) or semantic (cosine similarity of the
+  question embeddings at least ANSWER_CACHE_MIN_SIMILARITY, chosen on paraphrase and
+  near-miss pairs: docs/BENCHMARKS.md, and the same numbers in both: sentence embeddings
+  barely tell "question 1" from "question 2" or 3 items from 5); pinned answers go first, then
+  exact, then semantic.
+- Served only if its generation finished well (done, stopped by the model, not rated down),
+  from the knowledge-base version in force; an entry whose answer failed is dropped.
+
+Nothing personal is ever served from the cache. The rule: a question is neither looked up nor
+stored, and an answer never served, when the text contains anything that may identify a
+person or their orders: an email address, a phone number, any run of four digits or more
+(order, account, card or parcel numbers, postcodes), a code mixing letters and digits, or the
+asker's own username, first or last name or email name. A guest's question passes the same
+patterns. Answers are stored only after their question passed, and checked again when served.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import threading
+import time
+import unicodedata
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from knowledge import metrics as cache_metrics
+from knowledge.embedding import EMBEDDING_DIM
+from knowledge.index import knowledge_base_version
+from knowledge.models import Article, CachedAnswer
+from scheduler.admission import CachedAnswer as ServedAnswer
+from scheduler.generation import SamplingParams
+from scheduler.models import CacheResult, Generation, Variant
+
+CHECK_S = 1.0  # how often a process looks for new entries and a new knowledge-base version
+SEMANTIC_CANDIDATES = 3  # best matches checked against the database, best first
+
+# --- the rule for personal data ---------------------------------------------------------------
+
+_EMAIL = re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+")
+_PHONE = re.compile(r"\+?\d(?:[\s().-]*\d){6,}")
+_LONG_NUMBER = re.compile(r"\d{4,}")
+_CODE = re.compile(r"\b(?=[a-z]*\d)(?=\d*[a-z])[a-z0-9-]{5,}\b", re.IGNORECASE)
+_WORD = re.compile(r"\w+")
+_NUMBER = re.compile(r"\d+")
+
+
+def personal_data_found(text: str, *, names: Iterable[str] = ()) -> bool:
+    """Whether `text` contains personal data by the rule above; `names` are the asker's own
+    (username, first and last name, the part of their email address before the @)."""
+    if _EMAIL.search(text) or _PHONE.search(text) or _LONG_NUMBER.search(text) or _CODE.search(text):
+        return True
+    words = {word.casefold() for word in _WORD.findall(text)}
+    return any(len(name) >= 3 and name.casefold() in words for name in names)
+
+
+def account_names(user) -> list[str]:
+    """The names of a signed-in account that its questions must not carry into the cache."""
+    if user is None or not user.is_authenticated:
+        return []
+    names = [user.get_username(), user.first_name, user.last_name, user.email.partition("@")[0]]
+    return [part for name in names for part in _WORD.findall(name or "")]
+
+
+# --- keys ---------------------------------------------------------------------------------------
+
+
+def question_normalised(text: str) -> str:
+    """Case, accents' composed forms, spacing and punctuation do not make another question."""
+    text = unicodedata.normalize("NFKC", text).casefold()
+    return " ".join(_WORD.findall(text))
+
+
+def question_hash(text: str) -> str:
+    return hashlib.sha256(question_normalised(text).encode()).hexdigest()
+
+
+def _context_hash(parts: dict) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def chat_context(variant: Variant) -> str:
+    return _context_hash(
+        {
+            "recipe": "chat",
+            "model": variant.model,
+            "system_prompt": variant.system_prompt,
+            "knowledge": variant.knowledge,
+            "sampling": variant.sampling().to_dict(),
+        }
+    )
+
+
+def api_context(variant: Variant, sampling: SamplingParams) -> str:
+    return _context_hash({"recipe": "api", "model": variant.model, "sampling": sampling.to_dict()})
+
+
+# --- the process's index --------------------------------------------------------------------------
+
+
+@dataclass
+class _Shelf:
+    """The entries of one (variant, context): exact hashes and a matrix of question vectors,
+    grown in place (capacity doubles) so that an entry added costs no copy of the others."""
+
+    ids: list[int] = field(default_factory=list)
+    buffer: np.ndarray = field(default_factory=lambda: np.zeros((64, EMBEDDING_DIM), dtype=np.float32))
+    count: int = 0
+    by_hash: dict[str, list[int]] = field(default_factory=dict)
+    pinned: set[int] = field(default_factory=set)
+
+    @property
+    def matrix(self) -> np.ndarray:
+        return self.buffer[: self.count]
+
+    def append(self, entry_id: int, vector: np.ndarray) -> None:
+        if self.count == len(self.buffer):
+            grown = np.zeros((2 * len(self.buffer), EMBEDDING_DIM), dtype=np.float32)
+            grown[: self.count] = self.buffer
+            self.buffer = grown
+        self.buffer[self.count] = vector
+        self.ids.append(entry_id)
+        self.count += 1
+
+
+class _CacheIndex:
+    """Every servable-looking entry of the current knowledge-base version, per (variant,
+    context), in memory. Rebuilt when the version moves; new entries are appended once a
+    CHECK_S. Whether an entry may really be served is checked in the database on a match."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._shelves: dict[tuple[str, str], _Shelf] = {}
+        self._version: int | None = None
+        self._last_id = 0  # entries up to this id were read from the database
+        self._known: set[int] = set()  # read, or added by this process
+        self._checked_at = 0.0
+
+    def forget(self) -> None:
+        with self._lock:
+            self._shelves, self._version, self._last_id, self._checked_at = {}, None, 0, 0.0
+            self._known = set()
+
+    def shelf(self, variant: str, context: str) -> _Shelf | None:
+        now = time.monotonic()
+        if now - self._checked_at >= CHECK_S:
+            with self._lock:
+                if now - self._checked_at >= CHECK_S:
+                    self._refresh()
+                    self._checked_at = time.monotonic()
+        return self._shelves.get((variant, context))
+
+    def _refresh(self) -> None:
+        version = knowledge_base_version()
+        if version != self._version:
+            self._shelves, self._version, self._last_id, self._known = {}, version, 0, set()
+        rows = (
+            CachedAnswer.objects.filter(id__gt=self._last_id)
+            .filter(models_current(version))
+            .order_by("id")
+            .values_list("id", "variant", "context", "question_hash", "embedding", "pinned_answer")
+        )
+        for entry_id, variant, context, digest, embedding, pinned_answer in rows.iterator(chunk_size=2000):
+            self._last_id = entry_id
+            self._add(entry_id, (variant, context), digest, bytes(embedding), pinned=bool(pinned_answer))
+
+    def _add(
+        self, entry_id: int, key: tuple[str, str], digest: str, embedding: bytes, *, pinned: bool
+    ) -> None:
+        if entry_id in self._known:
+            return
+        self._known.add(entry_id)
+        shelf = self._shelves.setdefault(key, _Shelf())
+        shelf.append(entry_id, np.frombuffer(embedding, dtype="<f4"))
+        shelf.by_hash.setdefault(digest, []).append(entry_id)
+        if pinned:
+            shelf.pinned.add(entry_id)
+
+    def add_own(self, entry: CachedAnswer, vector: np.ndarray) -> None:
+        """An entry this process just stored: matched here at once, without waiting a check."""
+        with self._lock:
+            if entry.kb_version == self._version:
+                key = (entry.variant, entry.context)
+                self._add(entry.id, key, entry.question_hash, vector.tobytes(), pinned=entry.pinned)
+
+
+def models_current(version: int) -> Q:
+    """Entries that may answer under this knowledge-base version: pinned ones always."""
+    return Q(kb_version=version) | ~Q(pinned_answer="")
+
+
+_index = _CacheIndex()
+
+
+# --- lookups ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Lookup:
+    """What a lookup found (`answer` None: a miss), the articles it was written from, and how
+    long the lookup took."""
+
+    answer: ServedAnswer | None
+    lookup_ms: float
+    sources: list[dict[str, str]] = field(default_factory=list)
+
+
+def _candidates(shelf: _Shelf, digest: str, vector: np.ndarray) -> list[tuple[int, str]]:
+    """(entry id, how it matched), in the order to try them."""
+    found: list[tuple[int, str]] = []
+    exact = shelf.by_hash.get(digest, [])
+    found += [(i, CacheResult.PINNED) for i in exact if i in shelf.pinned]
+    found += [(i, CacheResult.EXACT) for i in exact if i not in shelf.pinned]
+    matrix = shelf.matrix  # this view's rows stay valid while entries are appended
+    if len(matrix):
+        # einsum's own loop, not BLAS, as in the retrieval index (knowledge/index.py).
+        scores = np.einsum("ij,j->i", matrix, vector)
+        count = min(SEMANTIC_CANDIDATES, len(scores))
+        best = np.argpartition(scores, -count)[-count:]
+        for row in best[np.argsort(scores[best])[::-1]]:
+            if scores[row] < settings.ANSWER_CACHE_MIN_SIMILARITY:
+                break
+            entry_id = shelf.ids[row]
+            kind = CacheResult.PINNED if entry_id in shelf.pinned else CacheResult.SEMANTIC
+            found.append((entry_id, kind))
+    seen: set[int] = set()
+    return [(i, kind) for i, kind in found if not (i in seen or seen.add(i))]
+
+
+def _numbers(text: str) -> list[str]:
+    return sorted(_NUMBER.findall(text))
+
+
+def _servable(
+    entries: dict[int, CachedAnswer], candidates: list[tuple[int, str]], question: str
+) -> tuple[CachedAnswer, str] | None:
+    """The first candidate that may be served, and how it matched."""
+    for entry_id, kind in candidates:
+        entry = entries.get(entry_id)
+        if entry is None:
+            continue
+        if kind != CacheResult.EXACT and _numbers(entry.question) != _numbers(question):
+            continue  # a paraphrase asks about the same numbers, or it is another question
+        if entry.pinned:
+            return entry, kind
+        generation = entry.generation
+        if generation is None or generation.status == Generation.Status.PENDING:
+            continue  # still being written: the next asker may get it
+        good = (
+            generation.status == Generation.Status.DONE
+            and generation.finish_reason == "stop"
+            and generation.text.strip()
+            and not personal_data_found(generation.text)
+        )
+        if not good:
+            entry.delete()  # a failed, cut or personal answer is never served; a new one may be stored
+            continue
+        return entry, kind
+    return None
+
+
+def _find(
+    *, variant: str, context: str, question: str, vector: np.ndarray
+) -> tuple[CachedAnswer, str] | None:
+    shelf = _index.shelf(variant, context)
+    if shelf is None:
+        return None
+    candidates = _candidates(shelf, question_hash(question), vector)
+    if not candidates:
+        return None
+    entries = CachedAnswer.objects.select_related("generation").in_bulk([i for i, _ in candidates])
+    return _servable(entries, candidates, question)
+
+
+def answer_lookup(*, variant: str, context: str, question: str, vector: np.ndarray) -> Lookup:
+    """The cached answer to a first-turn question, if one may be served (see the module)."""
+    started = time.perf_counter()
+    found = _find(variant=variant, context=context, question=question, vector=vector)
+    lookup_ms = round((time.perf_counter() - started) * 1000, 3)
+    if found is None:
+        cache_metrics.lookup_observe(
+            variant=variant, result=CacheResult.MISS, lookup_ms=lookup_ms, saved_engine_ms=0
+        )
+        return Lookup(None, lookup_ms)
+    entry, kind = found
+    sources = [{"slug": a.slug, "title": a.title} for a in entry.sources.filter(status=Article.Status.ACTIVE)]
+    if entry.pinned:
+        served = ServedAnswer(entry.pinned_answer, kind, lookup_ms, 0.0, 0)
+    else:
+        generation = entry.generation
+        served = ServedAnswer(
+            generation.text, kind, lookup_ms, generation.duration_ms or 0.0, generation.completion_tokens or 0
+        )
+    cache_metrics.lookup_observe(
+        variant=variant, result=kind, lookup_ms=lookup_ms, saved_engine_ms=served.saved_engine_ms
+    )
+    return Lookup(served, lookup_ms, sources)
+
+
+# --- writes --------------------------------------------------------------------------------------
+
+
+def answer_remember(
+    *,
+    variant: str,
+    context: str,
+    question: str,
+    vector: np.ndarray,
+    kb_version: int,
+    source_slugs: Iterable[str],
+    request_id: str,
+) -> CachedAnswer | None:
+    """Remember a first-turn question whose answer is being generated; it is served once that
+    answer finished well. None when the answer was written from an older knowledge base (an
+    article changed while the prompt was built), or the question is already remembered."""
+    digest = question_hash(question)
+    with transaction.atomic():
+        if knowledge_base_version() != kb_version:
+            return None
+        if CachedAnswer.objects.filter(
+            variant=variant, context=context, question_hash=digest, kb_version=kb_version
+        ).exists():
+            return None
+        entry = CachedAnswer.objects.create(
+            variant=variant,
+            context=context,
+            question=question,
+            question_hash=digest,
+            embedding=vector.astype("<f4").tobytes(),
+            kb_version=kb_version,
+            generation_id=request_id,
+        )
+        entry.sources.set(Article.objects.filter(slug__in=list(source_slugs)))
+    _index.add_own(entry, vector)
+    return entry
+
+
+def answer_pin(
+    *, variant: Variant, question: str, answer: str, pinned_by: str, vector: np.ndarray
+) -> CachedAnswer:
+    """An answer staff approved for a question (and its paraphrases) in chat on `variant`."""
+    entry = CachedAnswer.objects.create(
+        variant=variant.name,
+        context=chat_context(variant),
+        question=question,
+        question_hash=question_hash(question),
+        embedding=vector.astype("<f4").tobytes(),
+        kb_version=knowledge_base_version(),
+        pinned_answer=answer,
+        pinned_by=pinned_by,
+    )
+    _index.add_own(entry, vector)
+    return entry
+
+
+def answer_forget(*, request_id: str) -> None:
+    """Drop the entry of an answer the asker rated down: it is never served again."""
+    CachedAnswer.objects.filter(generation_id=request_id).delete()
+
+
+def answer_forget_served(*, variant: Variant, question: str, vector: np.ndarray) -> None:
+    """A cached answer to `question` was rated down: drop the generated entry it came from
+    (the one the question finds now). A pinned answer stays: staff approved it."""
+    found = _find(variant=variant.name, context=chat_context(variant), question=question, vector=vector)
+    if found is not None and not found[0].pinned:
+        found[0].delete()
+
+
+def answers_invalidate(*, article: Article, new_version: int, added: bool) -> int:
+    """Called in the transaction of an article change that raises the version to
+    `new_version`: drop the generated entries the article fed (and, when it adds text to the
+    help center, the ones nothing fed, which said they did not know), and carry the others to
+    the new version. Returns how many were dropped."""
+    doomed = set(CachedAnswer.objects.filter(pinned_answer="", sources=article).values_list("pk", flat=True))
+    if added:
+        doomed |= set(
+            CachedAnswer.objects.filter(pinned_answer="", sources__isnull=True).values_list("pk", flat=True)
+        )
+    _, deleted = CachedAnswer.objects.filter(pk__in=doomed).delete()
+    dropped = deleted.get(CachedAnswer._meta.label, 0)
+    CachedAnswer.objects.filter(pinned_answer="", kb_version=new_version - 1).update(kb_version=new_version)
+    # Entries of older versions (a question remembered while an article changed) never answer.
+    CachedAnswer.objects.filter(pinned_answer="", kb_version__lt=new_version).delete()
+    transaction.on_commit(_index.forget)
+    return dropped

@@ -1,0 +1,232 @@
+"""The result cache as customers and staff meet it: through the chat's HTTP endpoints, with a
+test playing the worker (tests/worker_double.py)."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from django.test import Client
+
+from chat.models import Conversation, User
+from knowledge import cache as answer_cache
+from knowledge import services as knowledge_services
+from knowledge.models import Article, CachedAnswer
+from scheduler import keys
+from scheduler.models import Generation
+from scheduler.redis import sync_redis
+from tests import worker_double
+from tests.generation_jobs import MODEL
+
+pytestmark = pytest.mark.django_db
+
+JSON = {"HTTP_ACCEPT": "application/json"}
+RETURNS = "You can return most items within 30 days of delivery, unused and in their box."
+GIFT_CARDS = "Gift cards never expire and can be used for any order."
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache():
+    answer_cache._index.forget()
+    yield
+    answer_cache._index.forget()
+
+
+@pytest.fixture
+def articles(db) -> None:
+    knowledge_services.article_create(slug="returns-policy", title="Returns policy", body=RETURNS)
+    knowledge_services.article_create(slug="gift-cards", title="Gift cards", body=GIFT_CARDS)
+
+
+@pytest.fixture
+def alice() -> User:
+    return User.objects.create_user("alice", password="pw", first_name="Alice", last_name="Martin")
+
+
+def _signed_in(user: User) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def _ask(client: Client, user: User, text: str, conversation: Conversation | None = None) -> dict:
+    """Post `text` as the first message of a new conversation (or to `conversation`)."""
+    conversation = conversation or Conversation.objects.create(owner=user)
+    response = client.post(f"/chat/{conversation.pk}/messages", {"text": text}, **JSON)
+    assert response.status_code == 202, response.content
+    return response.json()
+
+
+def _queued_jobs() -> int:
+    return sum(int(sync_redis().get(keys.enqueue_seq(MODEL, tier)) or 0) for tier in keys.TIERS)
+
+
+def _stream(body: dict) -> list[tuple[str, dict]]:
+    """The answer's result stream, whose events the SSE relay passes on as they are (the e2e
+    test reads them over HTTP): (event, data)."""
+    entries = sync_redis().xrange(keys.result(MODEL, body["request_id"]))
+    return [(fields["type"], json.loads(fields["data"])) for _, fields in entries]
+
+
+def _answered(body: dict, text: str) -> None:
+    worker_double.answer(body["request_id"], text)
+
+
+def test_a_second_identical_question_is_answered_from_the_cache_without_the_queue(alice, articles):
+    client = _signed_in(alice)
+    first = _ask(client, alice, "How long do I have to return an item?")
+    _answered(first, "You have 30 days.")
+    queued = _queued_jobs()
+
+    second = _ask(client, alice, "how long do I have to RETURN an item")
+
+    assert _queued_jobs() == queued  # no job: no worker, no GPU slot
+    events = _stream(second)
+    assert [kind for kind, _ in events][-2:] == ["token", "done"]
+    assert events[-2][1]["text"] == "You have 30 days."
+    assert events[-1][1]["cached"] is True
+    record = Generation.objects.get(request_id=second["request_id"])
+    assert (record.status, record.cache, record.engine) == ("done", "exact", "cache")
+    assert Generation.objects.get(request_id=first["request_id"]).cache == "miss"
+    # The answer names the article it was written from, as the first one did.
+    answer = Conversation.objects.get(messages__generation_id=second["request_id"]).messages.get(
+        role="assistant"
+    )
+    assert answer.sources == [{"slug": "returns-policy", "title": "Returns policy"}]
+
+
+def test_a_paraphrase_is_a_semantic_hit_and_a_near_miss_is_not(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "Where is my order?"), "You can follow it from the link in your email.")
+    assert Generation.objects.get(
+        request_id=_ask(client, alice, "Where's my order?")["request_id"]
+    ).cache == ("semantic")
+    near_miss = _ask(client, alice, "Can I change my order?")
+    assert Generation.objects.get(request_id=near_miss["request_id"]).cache == "miss"
+
+
+def test_a_paraphrase_about_other_numbers_is_another_question(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "Can I return 2 items at once?"), "Yes, up to 5 per parcel.")
+    other = _ask(client, alice, "Can I return 3 items at once?")
+    assert Generation.objects.get(request_id=other["request_id"]).cache == "miss"
+
+
+def test_an_answer_still_being_written_or_failed_is_not_served(alice, articles):
+    client = _signed_in(alice)
+    first = _ask(client, alice, "Do gift cards expire?")
+    assert Generation.objects.get(
+        request_id=_ask(client, alice, "Do gift cards expire?")["request_id"]
+    ).cache == ("miss")
+    worker_double.publish(first["request_id"], ("start", {"attempt": 1}))
+    worker_double.end(first["request_id"], ("error", {"code": "timeout", "message": "Too slow."}))
+    third = _ask(client, alice, "Do gift cards expire?")
+    assert Generation.objects.get(request_id=third["request_id"]).cache == "miss"
+
+
+def test_later_turns_are_never_looked_up(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "Do gift cards expire?"), "They never expire.")
+    conversation = Conversation.objects.create(owner=alice)
+    _answered(_ask(client, alice, "Hello", conversation), "Hello! How can I help?")
+    later = _ask(client, alice, "Do gift cards expire?", conversation)
+    assert Generation.objects.get(request_id=later["request_id"]).cache == ""
+
+
+@pytest.mark.parametrize(
+    "question",
+    [
+        "I am Alice, can I return an item?",
+        "My email is someone@example.com, can I return an item?",
+        "Can I return order 48213?",
+        "Call me on +44 20 7946 0958 about returning an item",
+        "Can I return parcel AB12C9?",
+        "Martin here: how long do I have to return an item?",
+    ],
+)
+def test_a_question_with_personal_data_is_never_stored_or_served(alice, articles, question):
+    client = _signed_in(alice)
+    for _ in range(2):
+        body = _ask(client, alice, question)
+        _answered(body, "You have 30 days.")
+        assert Generation.objects.get(request_id=body["request_id"]).cache == ""
+    assert not CachedAnswer.objects.exists()
+
+
+def test_an_answer_with_personal_data_is_never_served(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "Who do I write to about returns?"), "Write to returns@example.com.")
+    again = _ask(client, alice, "Who do I write to about returns?")
+    assert Generation.objects.get(request_id=again["request_id"]).cache == "miss"
+
+
+def test_the_rule_for_personal_data():
+    names = answer_cache.account_names(User(username="jdoe", first_name="Jo", last_name="Doe-Smith"))
+    assert not answer_cache.personal_data_found("How long do I have to return an item?", names=names)
+    assert not answer_cache.personal_data_found("Do you ship to Canada in 2 or 3 days?", names=names)
+    assert answer_cache.personal_data_found("I'm jdoe", names=names)
+    assert answer_cache.personal_data_found("Mrs smith asks", names=names)
+    assert answer_cache.personal_data_found("card ending 4242")
+    assert answer_cache.personal_data_found("reach me at 555-123-4567")
+
+
+def test_an_article_edit_invalidates_the_answers_it_fed_and_keeps_the_others(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "How long do I have to return an item?"), "You have 30 days.")
+    _answered(_ask(client, alice, "Do gift cards expire?"), "They never expire.")
+
+    returns = Article.objects.get(slug="returns-policy")
+    knowledge_services.article_update(article=returns, title=returns.title, body=RETURNS.replace("30", "14"))
+
+    bob = User.objects.create_user("bob", password="pw")
+    client = _signed_in(bob)
+    edited = _ask(client, bob, "How long do I have to return an item?")
+    assert Generation.objects.get(request_id=edited["request_id"]).cache == "miss"
+    kept = _ask(client, bob, "Do gift cards expire?")
+    assert Generation.objects.get(request_id=kept["request_id"]).cache == "exact"
+
+
+def test_an_answer_rated_down_is_not_served_again(alice, articles):
+    client = _signed_in(alice)
+    first = _ask(client, alice, "Do gift cards expire?")
+    _answered(first, "Yes, after a week.")
+    answer = Conversation.objects.get(messages__generation_id=first["request_id"]).messages.get(
+        role="assistant"
+    )
+    assert client.post(f"/chat/messages/{answer.pk}/feedback", {"value": "down"}, **JSON).status_code == 200
+    again = _ask(client, alice, "Do gift cards expire?")
+    assert Generation.objects.get(request_id=again["request_id"]).cache == "miss"
+
+
+def test_a_cached_answer_rated_down_drops_the_entry_it_was_served_from(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "Where is my order?"), "Follow the link in your email.")
+    served = _ask(client, alice, "Where's my order?")
+    assert Generation.objects.get(request_id=served["request_id"]).cache == "semantic"
+    answer = Conversation.objects.get(messages__generation_id=served["request_id"]).messages.get(
+        role="assistant"
+    )
+    assert client.post(f"/chat/messages/{answer.pk}/feedback", {"value": "down"}, **JSON).status_code == 200
+    again = _ask(client, alice, "Where is my order?")
+    assert Generation.objects.get(request_id=again["request_id"]).cache == "miss"
+
+
+def test_staff_pin_an_answer_and_it_is_served_to_the_question_and_its_paraphrases(articles):
+    staff = User.objects.create_user("sam", password="pw", is_staff=True)
+    console = _signed_in(staff)
+    pinned = "Our returns window is 30 days; start a return from your orders page."
+    response = console.post(
+        "/console/cache/pin", {"variant": "stable", "question": "How do I return an item?", "answer": pinned}
+    )
+    assert response.status_code == 302
+    assert b"How do I return an item?" in console.get("/console/cache").content
+
+    guest = Client()
+    page = guest.get("/").content.decode()
+    conversation = re.search(r'action="/chat/([0-9a-f-]{36})/messages"', page).group(1)
+    body = guest.post(f"/chat/{conversation}/messages", {"text": "how do i return an item"}, **JSON).json()
+    events = _stream(body)
+    assert events[-2][1]["text"] == pinned
+    assert events[-1][1]["cached"] is True
+    assert Generation.objects.get(request_id=body["request_id"]).cache == "pinned"
