@@ -8,7 +8,7 @@ import pytest
 
 from admin_console import services, tasks
 from admin_console.models import CanaryRollout, QualityRun
-from knowledge.quality import VariantSettings, quality_questions
+from knowledge.quality import VariantSettings, quality_prompts, quality_questions
 from scheduler import keys
 from scheduler.models import Variant
 from scheduler.redis import sync_redis
@@ -37,6 +37,28 @@ def test_staff_start_a_score_and_see_it_running_beside_the_variant(
     again = _start(client_staff, "candidate", django_capture_on_commit_callbacks)
     assert "is running already" in again.content.decode()
     assert QualityRun.objects.count() == 1 and len(_tasks_sent("batch-jobs")) == 1
+
+
+@pytest.mark.django_db
+def test_a_score_asks_with_the_variant_s_settings_as_saved_when_it_starts(
+    client_staff, live_workers, django_capture_on_commit_callbacks
+):
+    Variant.objects.filter(name="candidate").update(
+        system_prompt="Answer like a pirate.", temperature=0.4, top_p=0.8, max_tokens=99, knowledge=False
+    )
+    _start(client_staff, "candidate", django_capture_on_commit_callbacks)
+    settings = VariantSettings(**QualityRun.objects.get().variant_settings)
+    assert settings == VariantSettings(
+        name="candidate",
+        assistant_prompt="Answer like a pirate.",
+        temperature=0.4,
+        top_p=0.8,
+        max_tokens=99,
+        use_help_center=False,
+        model=CANDIDATE_MODEL,
+    )
+    [prompt] = quality_prompts(variant=settings, questions=quality_questions()[:1])
+    assert prompt.messages[0] == {"role": "system", "content": "Answer like a pirate."}
 
 
 @pytest.mark.django_db

@@ -14,7 +14,7 @@ from knowledge.models import Article, CachedAnswer
 from scheduler.models import TierPolicy, Variant
 from scheduler.queues import job_enqueue
 from scheduler.routing import canary_split
-from tests.admin_console.conftest import heartbeat
+from tests.admin_console.conftest import heartbeat, quality_scored
 from tests.generation_jobs import MODEL, generation_job
 
 pytestmark = pytest.mark.django_db
@@ -187,6 +187,25 @@ def test_staff_edit_and_add_variants_and_each_change_is_audited(client_staff):
     taken = client_staff.post("/console/variants/new", {**new, "new-name": "terse"})
     assert taken.status_code == 400
     assert b"already exists" in taken.content
+
+
+def test_each_variant_shows_its_latest_quality_score_and_whether_it_predates_an_edit(client_staff):
+    quality_scored("stable", 0.512)
+    quality_scored("candidate", 0.4)
+    quality_scored("candidate", 0.634)
+    Variant.objects.get(name="candidate").save()  # edited after its score
+
+    page = client_staff.get("/console/variants").content.decode()
+
+    def note(variant: str) -> str:
+        return page.split(f'data-quality="{variant}"')[1].split("</p>")[0]
+
+    assert "<strong>0.512</strong>" in note("stable") and "before the last change" not in note("stable")
+    assert "<strong>0.634</strong>" in note("candidate") and "before the last change" in note("candidate")
+    Variant.objects.create(name="terse", model=MODEL, system_prompt="-", temperature=0, top_p=1, max_tokens=8)
+    assert (
+        "none yet" in client_staff.get("/console/variants").content.decode().split('data-quality="terse"')[1]
+    )
 
 
 def test_a_policy_that_cannot_work_is_refused_in_the_words_of_manage_py_check(client_staff, settings):

@@ -13,9 +13,10 @@ from django.test import AsyncClient, Client, override_settings
 
 from api import keys as api_keys
 from chat.models import User
+from knowledge import cache as answer_cache
 from scheduler import keys, workers
 from scheduler.generation import Tier
-from scheduler.models import TierPolicy, Variant
+from scheduler.models import Generation, TierPolicy, Variant
 from scheduler.policy import policies_mirror
 from scheduler.redis import new_async_redis, sync_redis
 from tests import worker_double
@@ -209,8 +210,12 @@ def test_vllm_s_sampling_parameters_reach_the_queued_job(key):
     assert (job["logprobs"], job["structured"]) == (2, {"json_object": True, "json_schema": None})
 
 
+# n > 1 needs sampling: the chat's default temperature is 0 (greedy), so these ask for one.
+
+
 def test_n_choices_queue_one_generation_each(key):
-    assert _post(Client(), key, HELLO | {"stream": True, "n": 3, "seed": 1}).status_code == 200
+    body = HELLO | {"stream": True, "n": 3, "seed": 1, "temperature": 0.7}
+    assert _post(Client(), key, body).status_code == 200
     jobs = worker_double.queued("normal")
     assert [job["seed"] for job in jobs] == [1, 2, 3]
     assert len({job["request_id"] for job in jobs}) == 3
@@ -219,7 +224,7 @@ def test_n_choices_queue_one_generation_each(key):
 def test_n_choices_beyond_the_key_s_concurrency_are_refused_whole(key):
     TierPolicy.objects.filter(tier="normal").update(max_concurrent_per_user=2)
     policies_mirror()
-    response = _post(Client(), key, HELLO | {"n": 3})
+    response = _post(Client(), key, HELLO | {"n": 3, "temperature": 0.7})
     assert response.status_code == 429
     # The choices admitted before the refusal are cancelled, not left to run for nobody.
     jobs = worker_double.queued("normal")
@@ -563,3 +568,20 @@ def test_a_streamed_named_tool_call_sends_its_arguments_as_tool_call_deltas(key)
     assert all("id" not in call and call["index"] == 0 for call in calls[1:])
     assert "".join(call["function"]["arguments"] for call in calls) == '{"order_id": 1}'
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_call_of_several_choices_is_never_answered_from_the_result_cache(key):
+    answer_cache._index.forget()
+    body = HELLO | {"stream": True, "temperature": 0.7}
+    assert _post(Client(), key, body).status_code == 200
+    [first] = worker_double.queued("normal")
+    worker_double.answer(first["request_id"], "It left our warehouse today.")
+
+    # The same one-choice call again is answered from the cache, without the queue...
+    assert _post(Client(), key, body).status_code == 200
+    assert len(worker_double.queued("normal")) == 1
+    assert Generation.objects.filter(cache="exact").count() == 1
+    # ...but n choices are n answers the model writes: every one is queued.
+    assert _post(Client(), key, body | {"n": 2}).status_code == 200
+    assert len(worker_double.queued("normal")) == 3
+    answer_cache._index.forget()

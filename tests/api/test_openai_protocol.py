@@ -253,7 +253,7 @@ def test_a_text_answer_has_no_tool_calls_field_and_logprobs_in_openai_shape():
         "Hi", -0.25, [72, 105], (TopLogprob("Hi", -0.25, [72, 105]), TopLogprob("Yo", -2.0, None))
     )
     completion = _completion(
-        HELLO | {"logprobs": True, "top_logprobs": 2, "n": 2},
+        HELLO | {"logprobs": True, "top_logprobs": 2, "n": 2, "temperature": 0.7},
         ChoiceOutcome(text="Hi", finish_reason="stop", logprobs=[entry]),
         ChoiceOutcome(text="", finish_reason="length", logprobs=None),
     )
