@@ -66,11 +66,11 @@ COPY --from=deps-cuda /opt/venv /opt/venv
 COPY --from=model /opt/models /opt/models
 COPY --chown=root:root . /app
 USER 10001
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "config.asgi:application"]
+CMD ["daphne", "-e", "tcp:port=8000:interface=0.0.0.0:backlog=1024", "config.asgi:application"]
 
 FROM runtime AS cpu
 COPY --from=deps-cpu /opt/venv /opt/venv
 COPY --from=model /opt/models /opt/models
 COPY --chown=root:root . /app
 USER 10001
-CMD ["daphne", "-b", "0.0.0.0", "-p", "8000", "config.asgi:application"]
+CMD ["daphne", "-e", "tcp:port=8000:interface=0.0.0.0:backlog=1024", "config.asgi:application"]

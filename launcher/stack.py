@@ -37,8 +37,17 @@ def celery_command(*, queues: str, concurrency: int, pool: str = "prefork") -> l
     ]  # fmt: skip
 
 
+# Connections the kernel holds for daphne until it accepts them. Twisted's default is 50: a
+# burst of hundreds of customers connecting at once overflowed it, and the kernel then reset
+# connections whose requests were already sent (the client saw the connection closed with no
+# answer). The kernel caps it at net.core.somaxconn.
+WEB_LISTEN_BACKLOG = 1024
+
+
 def web_command(host: str, port: int) -> list[str]:
-    return [PYTHON, "-m", "daphne", "-b", host, "-p", str(port), "config.asgi:application"]
+    interface = host.strip("[]").replace(":", "\\:")
+    endpoint = f"tcp:port={port}:interface={interface}:backlog={WEB_LISTEN_BACKLOG}"
+    return [PYTHON, "-m", "daphne", "-e", endpoint, "config.asgi:application"]
 
 
 def worker_command() -> list[str]:
