@@ -1,5 +1,6 @@
-"""Chat completions for the OpenAI-compatible API: submit to the scheduler, then follow the
-request's result stream and answer whole or as OpenAI chunks.
+"""Chat and text completions for the OpenAI-compatible API: submit to the scheduler, then follow
+the request's result stream and answer whole or as OpenAI chunks (a CompletionShape writes
+either kind).
 
 A `reset` event means a worker died and another restarts the answer from scratch. A whole
 answer simply starts collecting again. A stream that has not sent any text yet carries on
@@ -22,12 +23,20 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from api.models import ApiKey
-from api.openai_shapes import ApiError, ChatRequest, ChunkHeader, completion_id, completion_object
+from api.openai_shapes import (
+    ApiError,
+    ChatRequest,
+    CompletionShape,
+    TextCompletionRequest,
+    completion_id,
+    ratelimit_headers,
+)
 from chat.sse import sse_comment, sse_data
 from scheduler import control
 from scheduler.admission import request_submit
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier
 from scheduler.policy import tier_policy
+from scheduler.prompt import prompt_token_count
 from scheduler.results import result_follower
 from scheduler.routing import variant_for
 from scheduler.rules import answer_wait_limit_s
@@ -42,14 +51,38 @@ class SubmittedCompletion:
     variant: str
     created: int
     wait_limit_s: float  # the longest the caller waits for the end of the answer
+    ratelimit_headers: dict[str, str]  # the key's x-ratelimit-* after this request; {} unlimited
 
 
-def completion_submit(*, api_key: ApiKey, request: ChatRequest) -> SubmittedCompletion:
-    """Admit the request under the key's tier and limits; raises AdmissionRefused."""
+def _tokens_at_most(request: ChatRequest | TextCompletionRequest) -> int:
+    """The most tokens the request may use: its prompt and `max_tokens`."""
+    if isinstance(request, TextCompletionRequest):
+        prompt_tokens = request.prompt_tokens
+    else:
+        prompt_tokens = prompt_token_count(request.messages, model_path=settings.INFERENCE_MODEL)
+    return prompt_tokens + request.max_tokens
+
+
+def completion_submit(
+    *, api_key: ApiKey, request: ChatRequest | TextCompletionRequest
+) -> SubmittedCompletion:
+    """Admit the request under the key's tier and limits; raises AdmissionRefused, or ApiError
+    for a request larger than its key's tokens per minute (it would never be admitted)."""
     request_id = str(uuid.uuid4())
     variant = variant_for(conversation_id=completion_id(request_id))
     tier = Tier(api_key.effective_tier)
-    request_submit(
+    limits = api_key.limits
+    tokens = _tokens_at_most(request) if limits.tokens_per_minute is not None else 0
+    if limits.tokens_per_minute is not None and tokens > limits.tokens_per_minute:
+        raise ApiError(
+            429,
+            f"Request too large: it may use {tokens} tokens (prompt and max_tokens), over this key's "
+            f"limit of {limits.tokens_per_minute} tokens per minute. Lower max_tokens or shorten the prompt.",
+            type="tokens",
+            code="rate_limit_exceeded",
+            retryable=False,
+        )
+    admission = request_submit(
         job=GenerationJob(
             request_id=request_id,
             origin=Origin.API,
@@ -59,13 +92,17 @@ def completion_submit(*, api_key: ApiKey, request: ChatRequest) -> SubmittedComp
             tier=tier,
             variant=variant,
             disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
-        )
+            prompt=request.prompt if isinstance(request, TextCompletionRequest) else None,
+        ),
+        limits=limits,
+        tokens=tokens,
     )
     return SubmittedCompletion(
         request_id=request_id,
         variant=variant,
         created=int(time.time()),
         wait_limit_s=answer_wait_limit_s(tier_policy(tier).max_wait_s),
+        ratelimit_headers=ratelimit_headers(admission.key_state) if admission.key_state else {},
     )
 
 
@@ -96,8 +133,8 @@ async def _cancel(request_id: str) -> None:
     await sync_to_async(control.request_cancel, thread_sensitive=False)(request_id=request_id)
 
 
-async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
-    """Wait for the whole answer; returns a chat.completion object or raises ApiError."""
+async def completion_collect(submitted: SubmittedCompletion, shape: CompletionShape) -> dict[str, Any]:
+    """Wait for the whole answer; returns it in the shape's object or raises ApiError."""
     async with result_follower().subscribe(
         variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
     ) as subscription:
@@ -117,14 +154,7 @@ async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
     assert isinstance(end, Done)
     if end.finish_reason == "cancelled":
         raise _cancelled()
-    return completion_object(
-        request_id=submitted.request_id,
-        created=submitted.created,
-        model=submitted.variant,
-        text=answer.text,
-        finish_reason=end.finish_reason,
-        usage=end.usage,
-    )
+    return shape.whole(answer.text, end.finish_reason, end.usage)
 
 
 def _json(data: dict[str, Any]) -> bytes:
@@ -134,16 +164,17 @@ def _json(data: dict[str, Any]) -> bytes:
 DONE = sse_data("[DONE]")
 
 
-async def completion_stream(submitted: SubmittedCompletion, *, include_usage: bool) -> AsyncIterator[bytes]:
+async def completion_stream(submitted: SubmittedCompletion, shape: CompletionShape) -> AsyncIterator[bytes]:
     """The answer as OpenAI SSE chunks, ending with `data: [DONE]`. While subscribed the request
     counts as watched; once the client leaves, the worker cancels it after the API's grace."""
-    header = ChunkHeader(submitted.request_id, submitted.created, submitted.variant, include_usage)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + submitted.wait_limit_s
     async with result_follower().subscribe(
         variant=submitted.variant, request_id=submitted.request_id, after_id="0-0"
     ) as subscription:
-        yield _json(header.chunk({"role": "assistant", "content": ""}))
+        opening = shape.opening_chunk()
+        if opening is not None:
+            yield _json(opening)
         answer = AnswerFold()
         while True:
             left_s = deadline - loop.time()
@@ -165,19 +196,19 @@ async def completion_stream(submitted: SubmittedCompletion, *, include_usage: bo
                 return
             text = answer.unsent()
             if text:
-                yield _json(header.chunk({"content": text}))
+                yield _json(shape.text_chunk(text))
             if answer.end is not None:
-                for frame in _closing_frames(header, answer.end):
+                for frame in _closing_frames(shape, answer.end):
                     yield frame
                 return
 
 
-def _closing_frames(header: ChunkHeader, end: Done | Error) -> list[bytes]:
+def _closing_frames(shape: CompletionShape, end: Done | Error) -> list[bytes]:
     if isinstance(end, Error):
         return [_json(generation_error(end.code, end.message).body()), DONE]
     if end.finish_reason == "cancelled":
         return [_json(_cancelled().body()), DONE]
-    frames = [_json(header.chunk({}, end.finish_reason))]
-    if header.include_usage:
-        frames.append(_json(header.usage_chunk(end.usage)))
+    frames = [_json(shape.closing_chunk(end.finish_reason))]
+    if shape.include_usage:
+        frames.append(_json(shape.usage_chunk(end.usage)))
     return [*frames, DONE]

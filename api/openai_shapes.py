@@ -1,4 +1,5 @@
-"""The OpenAI wire format: parse a chat completion request, shape responses, chunks and errors.
+"""The OpenAI wire format: parse a chat or text completion request, shape responses, chunks and
+errors.
 
 Only what the scheduler can honour is accepted; a parameter that would change the answer and
 that we cannot apply (n > 1, tools, logprobs, penalties...) is a 400 in OpenAI's error shape,
@@ -7,10 +8,11 @@ never silently ignored. Parameters that change nothing here (`user`, `metadata`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.conf import settings
 from django.http import JsonResponse
@@ -18,7 +20,8 @@ from django.http import JsonResponse
 from api.models import BatchJob, BatchJobItem
 from scheduler.admission import AdmissionRefused
 from scheduler.generation import SamplingParams, Usage
-from scheduler.prompt import ChatTemplateError, prompt_token_count
+from scheduler.key_limits import KeyLimitState, LimitLevel
+from scheduler.prompt import ChatTemplateError, prompt_token_count, text_prompt_token_count
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP_SEQUENCES = 4
@@ -44,6 +47,22 @@ _UNSUPPORTED: dict[str, tuple[Any, ...]] = {
 }
 
 
+# A text completion's parameters beyond the chat ones that we cannot apply either.
+_TEXT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logprobs": (None,),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "seed": (None,),
+}
+# OpenAI's and vLLM's default for a text completion (chat completions default to the model's room).
+TEXT_COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
 class ApiError(Exception):
     """An error response in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
 
@@ -57,6 +76,7 @@ class ApiError(Exception):
         param: str | None = None,
         retry_after_s: int | None = None,
         retryable: bool | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -66,12 +86,13 @@ class ApiError(Exception):
         self.param = param
         self.retry_after_s = retry_after_s
         self.retryable = retryable
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JsonResponse:
-        response = JsonResponse(self.body(), status=self.status)
+        response = JsonResponse(self.body(), status=self.status, headers=self.headers)
         if self.retry_after_s is not None:
             response["Retry-After"] = str(self.retry_after_s)
         if self.status == 401:
@@ -82,18 +103,49 @@ class ApiError(Exception):
         return response
 
 
+def ratelimit_duration(seconds: float) -> str:
+    """A wait as OpenAI's x-ratelimit-reset-* headers write it: "20ms", "1.5s", "6m0s", "1h2m3s"."""
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{round(secs, 3):g}s"
+    if hours or minutes:
+        text = f"{int(minutes)}m{int(secs)}s"
+    return f"{int(hours)}h{text}" if hours else text
+
+
+def ratelimit_headers(state: KeyLimitState) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers for the limits the key has."""
+    headers: dict[str, str] = {}
+    for kind, level in (("requests", state.requests), ("tokens", state.tokens)):
+        if level is not None:
+            headers |= _ratelimit_trio(kind, level)
+    return headers
+
+
+def _ratelimit_trio(kind: str, level: LimitLevel) -> dict[str, str]:
+    return {
+        f"x-ratelimit-limit-{kind}": str(level.limit),
+        f"x-ratelimit-remaining-{kind}": str(level.remaining),
+        f"x-ratelimit-reset-{kind}": ratelimit_duration(level.reset_s),
+    }
+
+
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def api_error_for_refusal(refusal: AdmissionRefused) -> ApiError:
+def api_error_for_refusal(refusal: AdmissionRefused, headers: dict[str, str] | None = None) -> ApiError:
+    """`headers`: the key's x-ratelimit-* headers, when it has limits of its own."""
     if refusal.status == 429:
         return ApiError(
             429,
             refusal.message,
-            type="requests",
+            type="tokens" if refusal.reason == "rate_limited_key_tokens" else "requests",
             code="rate_limit_exceeded",
             retry_after_s=refusal.retry_after_s,
+            headers=headers,
         )
     return ApiError(
         refusal.status,
@@ -101,6 +153,7 @@ def api_error_for_refusal(refusal: AdmissionRefused) -> ApiError:
         type="server_error",
         code=refusal.reason,
         retry_after_s=refusal.retry_after_s,
+        headers=headers,
     )
 
 
@@ -258,6 +311,92 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", allow_stream: bool 
     )
 
 
+# --- text completions (/v1/completions) -----------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class TextCompletionRequest:
+    """A validated legacy completion: a raw prompt the model continues, with no chat template."""
+
+    prompt: str
+    prompt_tokens: int  # as the model's tokenizer counts them (a bound without one)
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        return []
+
+    def sampling_params(self) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, stop=tuple(self.stop)
+        )
+
+
+def _text_prompt(raw: Any) -> str:
+    """A string, or a list holding one string; token ids and several prompts are refused."""
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        raw = raw[0]
+    if isinstance(raw, list) and raw and all(isinstance(p, str) for p in raw):
+        raise invalid("Send one prompt per request: `prompt` may be a list of one string only.", "prompt")
+    if isinstance(raw, list) and raw and all(isinstance(p, int | list) for p in raw):
+        raise invalid("Token ids are not accepted as `prompt`: send the prompt's text.", "prompt")
+    if not isinstance(raw, str) or not raw:
+        raise invalid("`prompt` is required: a non-empty string.", "prompt")
+    if len(raw) > settings.API_MAX_PROMPT_CHARS:
+        raise invalid(
+            f"The prompt holds {len(raw)} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted.",
+            "prompt",
+        )
+    return raw
+
+
+def text_completion_request_parse(data: Any) -> TextCompletionRequest:
+    """Validate a /v1/completions body (already decoded JSON); raises ApiError(400)."""
+    if not isinstance(data, dict):
+        raise invalid("The request body must be a JSON object.")
+    for name, unused in (_UNSUPPORTED | _TEXT_UNSUPPORTED).items():
+        if data.get(name) not in unused:
+            raise invalid(f"`{name}` is not supported by this service.", name)
+    if not isinstance(data.get("model"), str) or not data["model"]:
+        raise invalid("`model` is required: one of the ids from GET /v1/models.", "model")
+    stream = False if data.get("stream") is None else data["stream"]
+    if not isinstance(stream, bool):
+        raise invalid("`stream` must be a boolean.", "stream")
+    stream_options = data.get("stream_options")
+    if stream_options is not None and (not stream or not isinstance(stream_options, dict)):
+        raise invalid("`stream_options` is only allowed with `stream: true`.", "stream_options")
+    prompt = _text_prompt(data.get("prompt"))
+    max_tokens = (
+        TEXT_COMPLETION_DEFAULT_MAX_TOKENS if data.get("max_tokens") is None else _max_tokens(data, "")
+    )
+    prompt_tokens = text_prompt_token_count(prompt, model_path=settings.INFERENCE_MODEL)
+    context = settings.INFERENCE_MAX_MODEL_LEN
+    if prompt_tokens + max_tokens > context:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in the "
+            "completion). Please reduce the length of the prompt or completion.",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+    return TextCompletionRequest(
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        temperature=_bounded(data, "temperature", settings.GENERATION_TEMPERATURE, 0.0, 2.0, ""),
+        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, MIN_TOP_P, 1.0, ""),
+        stop=_stop(data.get("stop"), "stop"),
+        stream=stream,
+        include_usage=bool((stream_options or {}).get("include_usage")),
+    )
+
+
 # --- responses ------------------------------------------------------------------------------
 
 
@@ -324,6 +463,90 @@ class ChunkHeader:
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         return {**self.chunk(None), "usage": usage_object(usage)}
+
+    # The CompletionShape of a chat completion.
+
+    def opening_chunk(self) -> dict[str, Any] | None:
+        return self.chunk({"role": "assistant", "content": ""})
+
+    def text_chunk(self, text: str) -> dict[str, Any]:
+        return self.chunk({"content": text})
+
+    def closing_chunk(self, finish_reason: str) -> dict[str, Any]:
+        return self.chunk({}, finish_reason)
+
+    def whole(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        return completion_object(
+            request_id=self.request_id,
+            created=self.created,
+            model=self.model,
+            text=text,
+            finish_reason=finish_reason,
+            usage=usage,
+        )
+
+
+class CompletionShape(Protocol):
+    """How one answer is written out, whole or as stream chunks: a chat or a text completion."""
+
+    include_usage: bool
+
+    def opening_chunk(self) -> dict[str, Any] | None: ...
+
+    def text_chunk(self, text: str) -> dict[str, Any]: ...
+
+    def closing_chunk(self, finish_reason: str) -> dict[str, Any]: ...
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]: ...
+
+    def whole(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]: ...
+
+
+def text_completion_id(request_id: str) -> str:
+    return "cmpl-" + request_id.replace("-", "")
+
+
+@dataclass(frozen=True, slots=True)
+class TextCompletionShape:
+    """A text completion (`object: text_completion`), whole or streamed: chunks are the same
+    object with the new text; with `include_usage`, a last chunk with no choices holds usage."""
+
+    request_id: str
+    created: int
+    model: str
+    include_usage: bool
+
+    def _object(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        return {
+            "id": text_completion_id(self.request_id),
+            "object": "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+
+    def _chunk(self, text: str, finish_reason: str | None) -> dict[str, Any]:
+        chunk = self._object([{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}])
+        if self.include_usage:
+            chunk["usage"] = None
+        return chunk
+
+    def opening_chunk(self) -> dict[str, Any] | None:
+        return None  # no role to announce: the first chunk carries text
+
+    def text_chunk(self, text: str) -> dict[str, Any]:
+        return self._chunk(text, None)
+
+    def closing_chunk(self, finish_reason: str) -> dict[str, Any]:
+        return self._chunk("", finish_reason)
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self._object([]), "usage": usage_object(usage)}
+
+    def whole(self, text: str, finish_reason: str, usage: Usage) -> dict[str, Any]:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {**self._object([choice]), "usage": usage_object(usage)}
 
 
 def model_list(models: dict[str, str]) -> dict[str, Any]:

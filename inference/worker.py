@@ -330,6 +330,7 @@ class InferenceWorker:
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             stop=list(sampling.stop),
+            prompt=job.generation.prompt,
         )
         started = time.monotonic()
         ttft_ms: float | None = None
@@ -412,7 +413,10 @@ class InferenceWorker:
             worker_metrics.answer_observe(variant=job.variant, tier=job.tier, outcome=outcome)
         await self._retrying(
             lambda: request_finished(
-                self.queue.client, client_id=job.generation.client_id, request_id=job.request_id
+                self.queue.client,
+                client_id=job.generation.client_id,
+                request_id=job.request_id,
+                tokens_used=outcome.usage.prompt_tokens + outcome.usage.completion_tokens,
             )
         )
         if outcome.error_code:

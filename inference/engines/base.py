@@ -28,6 +28,8 @@ class GenerationRequest:
     temperature: float = 0.7
     top_p: float = 1.0
     stop: list[str] = field(default_factory=list)
+    # A text completion's raw prompt, continued without the chat template; `messages` is empty.
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,11 +34,20 @@ _FILLER = _FILLER_TEXT.split()
 
 
 def simulated_answer_tokens(request: GenerationRequest, count: int) -> list[str]:
-    """The deterministic answer: labelled, echoing the question, then filler words."""
-    question = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
+    """The deterministic answer: labelled, echoing the question (or a raw prompt), then filler words."""
+    question = request.prompt
+    if question is None:
+        question = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
     words = ["[simulated]", "You", "asked:", *question.split()[:8], "—"]
     words += [_FILLER[i % len(_FILLER)] for i in range(max(0, count - len(words)))]
     return [word + " " for word in words[:count]]
+
+
+def _prompt_tokens(request: GenerationRequest) -> int:
+    """A word a token, plus what a chat template adds per message (a raw prompt has none)."""
+    if request.prompt is not None:
+        return len(request.prompt.split()) + 1
+    return sum(len(m["content"].split()) + 4 for m in request.messages)
 
 
 def _process_memory_bytes() -> int:
@@ -97,7 +106,7 @@ class SimulatedEngine:
         sequence = _Sequence(
             request=request,
             tokens=simulated_answer_tokens(request, count),
-            prompt_tokens=sum(len(m["content"].split()) + 4 for m in request.messages),
+            prompt_tokens=_prompt_tokens(request),
         )
         fails_after = (
             min(FAILURE_AFTER_TOKENS, count - 1) if self._random.random() < self.failure_rate else None
