@@ -22,6 +22,7 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from api.metrics import key_rate_limited_record
 from api.models import ApiKey
 from api.openai_shapes import (
     ApiError,
@@ -33,7 +34,7 @@ from api.openai_shapes import (
 )
 from chat.sse import sse_comment, sse_data
 from scheduler import control
-from scheduler.admission import request_submit
+from scheduler.admission import AdmissionRefused, request_submit
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier
 from scheduler.policy import tier_policy
 from scheduler.prompt import prompt_token_count
@@ -43,6 +44,8 @@ from scheduler.rules import answer_wait_limit_s
 
 # An answer that expired in the queue met a long queue moments ago: give it time to drain.
 EXPIRED_RETRY_AFTER_S = 10
+# Admission's refusals for a key's own limits -> the limit, as the metrics name it.
+KEY_LIMIT_REASONS = {"rate_limited_key_requests": "requests", "rate_limited_key_tokens": "tokens"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ def completion_submit(
     limits = api_key.limits
     tokens = _tokens_at_most(request) if limits.tokens_per_minute is not None else 0
     if limits.tokens_per_minute is not None and tokens > limits.tokens_per_minute:
+        key_rate_limited_record(api_key=api_key, limit="tokens")
         raise ApiError(
             429,
             f"Request too large: it may use {tokens} tokens (prompt and max_tokens), over this key's "
@@ -82,21 +86,26 @@ def completion_submit(
             code="rate_limit_exceeded",
             retryable=False,
         )
-    admission = request_submit(
-        job=GenerationJob(
-            request_id=request_id,
-            origin=Origin.API,
-            messages=request.messages,
-            sampling=request.sampling_params(),
-            client_id=api_key.client_id,
-            tier=tier,
-            variant=variant,
-            disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
-            prompt=request.prompt if isinstance(request, TextCompletionRequest) else None,
-        ),
-        limits=limits,
-        tokens=tokens,
-    )
+    try:
+        admission = request_submit(
+            job=GenerationJob(
+                request_id=request_id,
+                origin=Origin.API,
+                messages=request.messages,
+                sampling=request.sampling_params(),
+                client_id=api_key.client_id,
+                tier=tier,
+                variant=variant,
+                disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
+                prompt=request.prompt if isinstance(request, TextCompletionRequest) else None,
+            ),
+            limits=limits,
+            tokens=tokens,
+        )
+    except AdmissionRefused as refusal:
+        if refusal.reason in KEY_LIMIT_REASONS:
+            key_rate_limited_record(api_key=api_key, limit=KEY_LIMIT_REASONS[refusal.reason])
+        raise
     return SubmittedCompletion(
         request_id=request_id,
         variant=variant,

@@ -139,10 +139,18 @@ def invalid(message: str, param: str | None = None) -> ApiError:
 def api_error_for_refusal(refusal: AdmissionRefused, headers: dict[str, str] | None = None) -> ApiError:
     """`headers`: the key's x-ratelimit-* headers, when it has limits of its own."""
     if refusal.status == 429:
+        tokens = refusal.reason == "rate_limited_key_tokens"
+        message = refusal.message
+        if refusal.reason in {"rate_limited_key_requests", "rate_limited_key_tokens"}:
+            per_minute = "tokens per minute (TPM)" if tokens else "requests per minute (RPM)"
+            message = (
+                f"Rate limit reached for {per_minute} on this API key. "
+                f"Please try again in {refusal.retry_after_s}s."
+            )
         return ApiError(
             429,
-            refusal.message,
-            type="tokens" if refusal.reason == "rate_limited_key_tokens" else "requests",
+            message,
+            type="tokens" if tokens else "requests",
             code="rate_limit_exceeded",
             retry_after_s=refusal.retry_after_s,
             headers=headers,

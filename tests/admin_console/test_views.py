@@ -36,6 +36,7 @@ CONSOLE_URLS = [
     ("GET", "/console/api-keys"),
     ("POST", "/console/api-keys/create"),
     ("POST", "/console/api-keys/1/revoke"),
+    ("POST", "/console/api-keys/1/limits"),
     ("GET", "/console/knowledge"),
     ("POST", "/console/knowledge/new"),
     ("POST", "/console/knowledge/1"),
