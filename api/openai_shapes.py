@@ -105,6 +105,8 @@ class ApiError(Exception):
 
 def ratelimit_duration(seconds: float) -> str:
     """A wait as OpenAI's x-ratelimit-reset-* headers write it: "20ms", "1.5s", "6m0s", "1h2m3s"."""
+    if seconds <= 0:
+        return "0s"
     if seconds < 1:
         return f"{math.ceil(seconds * 1000)}ms"
     hours, rest = divmod(seconds, 3600)

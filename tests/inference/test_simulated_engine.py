@@ -51,3 +51,21 @@ def test_without_a_failure_rate_every_request_completes():
 def test_the_failure_rate_is_the_share_of_requests_that_fail():
     failed = sum(f for _, f in _generate(0.3, requests=400))
     assert failed == pytest.approx(120, abs=40)
+
+
+def test_a_raw_prompt_is_answered_without_chat_messages():
+    async def run() -> tuple[str, int]:
+        engine = SimulatedEngine(
+            max_num_seqs=1, prefill_s_per_token=0, decode_base_s=0, decode_per_seq_s=0, output_tokens=10
+        )
+        await engine.start()
+        try:
+            request = GenerationRequest(request_id="r", messages=[], prompt="Once upon a time")
+            deltas = [delta async for delta in engine.generate(request)]
+        finally:
+            await engine.shutdown()
+        return "".join(delta.text for delta in deltas), deltas[-1].prompt_tokens
+
+    text, prompt_tokens = asyncio.run(run())
+    assert text.startswith("[simulated] You asked: Once upon a time")
+    assert prompt_tokens == 5  # a word a token, and no chat template's own
