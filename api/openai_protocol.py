@@ -55,6 +55,30 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
 
 
+class CompletionRequest(BaseModel):
+    """The legacy text completion: a raw prompt the model continues, without the chat template.
+    Parameters that would change the answer and cannot be applied (`n` > 1, `echo`, `suffix`,
+    `best_of`, `logprobs`, token-id prompts, several prompts...) are refused with 400."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Annotated[str, Field(min_length=1)]
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
+    )
+    max_tokens: Annotated[int, Field(ge=1)] | None = Field(default=None, description="16 when left out.")
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(ge=MIN_TOP_P, le=1)] | None = None
+    stop: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)]
+        | None
+    ) = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+
+
 class JobCreateRequest(BaseModel):
     requests: list[ChatCompletionRequest]
 
@@ -99,6 +123,23 @@ class ChatCompletion(BaseModel):
     model: str
     system_fingerprint: None
     choices: list[Choice]
+    usage: Usage
+
+
+class TextChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: str
+
+
+class TextCompletion(BaseModel):
+    id: str
+    object: Literal["text_completion"]
+    created: int
+    model: str
+    system_fingerprint: None
+    choices: list[TextChoice]
     usage: Usage
 
 
@@ -150,9 +191,11 @@ class Job(BaseModel):
 
 _SCHEMAS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
+    CompletionRequest,
     JobCreateRequest,
     ErrorResponse,
     ChatCompletion,
+    TextCompletion,
     ModelList,
     Model,
     Job,
@@ -175,7 +218,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         405: "Wrong method",
         409: "Conflict",
         413: "Request body too large",
-        429: "Rate limited (see Retry-After)",
+        429: "Rate limited (see Retry-After, and the key's x-ratelimit-* headers)",
         500: "The answer failed",
         503: "Overloaded or unavailable (see Retry-After)",
     }
@@ -191,6 +234,10 @@ def _request_caps(schemas: dict[str, Any]) -> None:
     chat["messages"] |= {"minItems": 1, "maxItems": settings.API_MAX_MESSAGES}
     for name in ("max_tokens", "max_completion_tokens"):
         chat[name]["anyOf"][0]["maximum"] = settings.INFERENCE_MAX_MODEL_LEN
+    text = schemas["CompletionRequest"]["properties"]
+    text["max_tokens"]["anyOf"][0]["maximum"] = settings.INFERENCE_MAX_MODEL_LEN
+    text["prompt"]["anyOf"][0]["maxLength"] = settings.API_MAX_PROMPT_CHARS
+    text["prompt"]["anyOf"][1]["items"]["maxLength"] = settings.API_MAX_PROMPT_CHARS
     jobs = schemas["JobCreateRequest"]["properties"]["requests"]
     jobs |= {"minItems": 1, "maxItems": settings.BATCH_JOB_MAX_REQUESTS}
 
@@ -213,8 +260,10 @@ def openapi_document() -> dict[str, Any]:
         "info": {
             "title": "Support chat: OpenAI-compatible API",
             "version": "1",
-            "description": "Chat completions (whole or streamed) and batch jobs. Authenticate with "
-            "`Authorization: Bearer sk-...` (`python manage.py apikey create`).",
+            "description": "Chat and text completions (whole or streamed) and batch jobs. "
+            "Authenticate with `Authorization: Bearer sk-...` (`python manage.py apikey create`). "
+            "A key with limits of its own (requests and tokens per minute) gets OpenAI's "
+            "x-ratelimit-* headers on every answer.",
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
@@ -248,6 +297,29 @@ def openapi_document() -> dict[str, Any]:
                             "content": {
                                 **_json(ChatCompletion),
                                 # One schema per event: `data` is a chunk's JSON, an error's, or [DONE].
+                                "text/event-stream": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {"data": {"type": "string"}},
+                                        "required": ["data"],
+                                    }
+                                },
+                            },
+                        },
+                        **_errors(400, 413, 429, 500, 503),
+                    },
+                }
+            },
+            "/v1/completions": {
+                "post": {
+                    "operationId": "createCompletion",
+                    "requestBody": {"required": True, "content": _json(CompletionRequest)},
+                    "responses": {
+                        "200": {
+                            "description": "The completion; with `stream: true`, text_completion "
+                            "chunks as server-sent events ending with `data: [DONE]`",
+                            "content": {
+                                **_json(TextCompletion),
                                 "text/event-stream": {
                                     "schema": {
                                         "type": "object",
