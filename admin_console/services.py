@@ -415,7 +415,7 @@ def api_key_revoke(*, actor: User | None, api_key: ApiKey) -> bool:
 
 
 def api_key_limits_set(
-    *, actor: User, api_key: ApiKey, requests_per_minute: int | None, tokens_per_minute: int | None
+    *, actor: User | None, api_key: ApiKey, requests_per_minute: int | None, tokens_per_minute: int | None
 ) -> bool:
     """Set the key's own limits (None: unlimited); they apply to its next request, since
     admission reads them from the key each time. False when nothing changed. Raises
@@ -436,6 +436,7 @@ def api_key_limits_set(
             target=locked.prefix,
             before=before,
             after=after,
+            unattended_by=COMMAND_LINE_ACTOR_NAME,
         )
     api_key.requests_per_minute, api_key.tokens_per_minute = requests_per_minute, tokens_per_minute
     return True
