@@ -74,6 +74,7 @@ def completion_submit(
     request_id = str(uuid.uuid4())
     variant = variant_for(conversation_id=completion_id(request_id))
     tier = Tier(api_key.effective_tier)
+    text = isinstance(request, TextCompletionRequest)
     limits = api_key.limits
     tokens = _tokens_at_most(request) if limits.tokens_per_minute is not None else 0
     if limits.tokens_per_minute is not None and tokens > limits.tokens_per_minute:
@@ -91,13 +92,13 @@ def completion_submit(
             job=GenerationJob(
                 request_id=request_id,
                 origin=Origin.API,
-                messages=request.messages,
+                messages=[] if text else request.messages,
                 sampling=request.sampling_params(),
                 client_id=api_key.client_id,
                 tier=tier,
                 variant=variant,
                 disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
-                prompt=request.prompt if isinstance(request, TextCompletionRequest) else None,
+                prompt=request.prompt if text else None,
             ),
             limits=limits,
             tokens=tokens,

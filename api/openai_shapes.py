@@ -337,10 +337,6 @@ class TextCompletionRequest:
     stream: bool = False
     include_usage: bool = False
 
-    @property
-    def messages(self) -> list[dict[str, str]]:
-        return []
-
     def sampling_params(self) -> SamplingParams:
         return SamplingParams(
             max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, stop=tuple(self.stop)

@@ -53,14 +53,18 @@ View = Callable[..., Any]
 API_KEY_ATTRIBUTE = "api_key"
 
 
-def _ratelimit_headers_add(request: HttpRequest, response: HttpResponse) -> HttpResponse:
-    """The key's limits as they stand, on an answer that has not set them (all but admitted or
-    rate-limited completions, which report the state their admission read)."""
+def _unreported_limits(request: HttpRequest, response: HttpResponse) -> ApiKey | None:
+    """The key whose limits this answer should report and does not yet: all answers but admitted
+    or rate-limited completions, which report the state their admission read."""
     api_key: ApiKey | None = getattr(request, API_KEY_ATTRIBUTE, None)
-    if api_key is None or not api_key.limits.any or response.has_header("x-ratelimit-limit-requests"):
-        return response
-    if response.has_header("x-ratelimit-limit-tokens"):
-        return response
+    if api_key is None or not api_key.limits.any:
+        return None
+    reported = any(response.has_header(f"x-ratelimit-limit-{kind}") for kind in ("requests", "tokens"))
+    return None if reported else api_key
+
+
+def _ratelimit_headers_add(api_key: ApiKey, response: HttpResponse) -> HttpResponse:
+    """The key's limits as they stand, read without charging them."""
     try:
         state = key_limit_peek(api_key.client_id, api_key.limits)
     except redis.RedisError:
@@ -90,7 +94,10 @@ def api_view(method: str) -> Callable[[View], View]:
                     response = await view(request, *args, **kwargs)
                 except ApiError as exc:
                     response = exc.response()
-                return await sync_to_async(_ratelimit_headers_add)(request, response)
+                api_key = _unreported_limits(request, response)
+                if api_key is not None:
+                    await sync_to_async(_ratelimit_headers_add)(api_key, response)
+                return response
 
             return csrf_exempt(async_wrapper)
 
@@ -102,7 +109,8 @@ def api_view(method: str) -> Callable[[View], View]:
                 response = view(request, *args, **kwargs)
             except ApiError as exc:
                 response = exc.response()
-            return _ratelimit_headers_add(request, response)
+            api_key = _unreported_limits(request, response)
+            return response if api_key is None else _ratelimit_headers_add(api_key, response)
 
         return csrf_exempt(wrapper)
 
