@@ -210,6 +210,23 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
     return {"application/json": {"schema": _ref(model)}}
 
 
+def _ratelimit_headers() -> dict[str, Any]:
+    """OpenAI's headers, sent to a key with limits of its own (requests, tokens per minute)."""
+    meaning = {
+        "limit": "the key's limit per minute",
+        "remaining": "what the key may still use now",
+        "reset": 'until the limit is whole again, as OpenAI writes it ("20ms", "1.5s", "6m0s")',
+    }
+    return {
+        f"x-ratelimit-{part}-{kind}": {
+            "description": f"{kind.capitalize()}: {text}.",
+            "schema": {"type": "string"},
+        }
+        for kind in ("requests", "tokens")
+        for part, text in meaning.items()
+    }
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {
         400: "Invalid request",
@@ -255,7 +272,7 @@ def openapi_document() -> dict[str, Any]:
         "required": True,
         "schema": {"type": "string", "format": "uuid"},
     }
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
             "title": "Support chat: OpenAI-compatible API",
@@ -359,3 +376,9 @@ def openapi_document() -> dict[str, Any]:
             },
         },
     }
+    # Every answer to a key with limits of its own may carry them.
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            for response in operation["responses"].values():
+                response["headers"] = _ratelimit_headers()
+    return document
