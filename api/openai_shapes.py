@@ -444,7 +444,8 @@ def completion_object(
 
 @dataclass(frozen=True, slots=True)
 class ChunkHeader:
-    """What every chunk of one streamed completion repeats."""
+    """A chat completion's CompletionShape: what every chunk of one streamed answer repeats, and
+    the whole answer."""
 
     request_id: str
     created: int

@@ -4,8 +4,8 @@ Both are token buckets in Redis beside the tier's (capacity: the per-minute limi
 sixtieth of it a second), charged by admission's one Lua script with the other buckets. A request
 takes one from the requests bucket and, from the tokens bucket, its prompt plus `max_tokens`:
 what it may use at most. When the answer ends, the worker settles the reservation with what it
-used (`key_tokens_settle`), so a key pays for the tokens produced, and a request is refused only
-while its worst case does not fit.
+used (`request_settle`, through admission's `request_finished`), so a key pays for the tokens
+produced, and a request is refused only while its worst case does not fit.
 """
 
 from __future__ import annotations
