@@ -1,5 +1,6 @@
-"""Chat completions for the OpenAI-compatible API: submit to the scheduler (one generation per
-choice), then follow their result streams and answer whole or as OpenAI chunks.
+"""Chat and text completions for the OpenAI-compatible API: submit to the scheduler (one
+generation per choice), then follow their result streams and answer whole or as OpenAI chunks
+(a chat completion's or a text completion's).
 
 A `reset` event means a worker died and another restarts the answer from scratch. A whole
 answer simply starts collecting again. A stream that has not sent any text yet carries on
@@ -22,17 +23,22 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from api.metrics import key_rate_limited_record
 from api.models import ApiKey
 from api.openai_protocol import ChatCompletionRequest, ChoiceDelta, NamedToolChoice
 from api.openai_shapes import (
     ApiError,
     ChoiceOutcome,
     ChunkHeader,
+    TextChunkHeader,
+    TextCompletionRequest,
     completion_id,
     completion_object,
     logprobs_shape,
     named_tool_call_delta,
+    ratelimit_headers,
     required_tool_calls,
+    text_completion_object,
     tool_calls_delta,
 )
 from chat.sse import sse_comment, sse_data
@@ -40,29 +46,57 @@ from scheduler import control
 from scheduler.admission import AdmissionRefused, request_submit
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier, Usage, tokens_logprobs
 from scheduler.policy import tier_policy
+from scheduler.prompt import prompt_token_count
 from scheduler.results import ResultEvent, result_follower
 from scheduler.routing import variant_for
 from scheduler.rules import answer_wait_limit_s
 
 # An answer that expired in the queue met a long queue moments ago: give it time to drain.
 EXPIRED_RETRY_AFTER_S = 10
+# Admission's refusals for a key's own limits -> the limit, as the metrics name it.
+KEY_LIMIT_REASONS = {"rate_limited_key_requests": "requests", "rate_limited_key_tokens": "tokens"}
+
+AnyCompletionRequest = ChatCompletionRequest | TextCompletionRequest
 
 
 @dataclass(frozen=True, slots=True)
 class SubmittedCompletion:
-    request: ChatCompletionRequest
+    request: AnyCompletionRequest
     request_ids: list[str]  # one generation per choice; the first names the completion
     variant: str
     created: int
     wait_limit_s: float  # the longest the caller waits for the end of the answer
+    ratelimit_headers: dict[str, str]  # the key's x-ratelimit-* after this request; {} unlimited
 
     @property
     def request_id(self) -> str:
         return self.request_ids[0]
 
 
-def completion_submit(*, api_key: ApiKey, request: ChatCompletionRequest) -> SubmittedCompletion:
-    """Admit the request under the key's tier and limits; raises AdmissionRefused.
+def _tokens_at_most(request: AnyCompletionRequest) -> int:
+    """The most tokens one choice of the request may use: its prompt and its max_tokens."""
+    if isinstance(request, TextCompletionRequest):
+        return request.prompt_tokens + request.max_tokens
+    prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
+    return prompt_tokens + request.answer_max_tokens
+
+
+def _too_large(*, api_key: ApiKey, tokens: int, tokens_per_minute: int) -> ApiError:
+    key_rate_limited_record(api_key=api_key, limit="tokens")
+    return ApiError(
+        429,
+        f"Request too large: it may use {tokens} tokens (prompt and max_tokens, for every choice), over "
+        f"this key's limit of {tokens_per_minute} tokens per minute. Lower max_tokens or n, or shorten "
+        "the prompt.",
+        type="tokens",
+        code="rate_limit_exceeded",
+        retryable=False,
+    )
+
+
+def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> SubmittedCompletion:
+    """Admit the request under the key's tier and limits; raises AdmissionRefused, or ApiError
+    for a request larger than its key's tokens per minute (it would never be admitted).
 
     Each of the `n` choices is a generation of its own (a job, a record, a result stream), so
     it counts against the key's limits as a request would; if one is refused, those already
@@ -70,30 +104,45 @@ def completion_submit(*, api_key: ApiKey, request: ChatCompletionRequest) -> Sub
     request_ids = [str(uuid.uuid4()) for _ in range(request.choices)]
     variant = variant_for(conversation_id=completion_id(request_ids[0]))
     tier = Tier(api_key.effective_tier)
+    text = isinstance(request, TextCompletionRequest)
+    limits = api_key.limits
+    tokens = _tokens_at_most(request) if limits.tokens_per_minute is not None else 0
+    if limits.tokens_per_minute is not None and tokens * len(request_ids) > limits.tokens_per_minute:
+        raise _too_large(
+            api_key=api_key, tokens=tokens * len(request_ids), tokens_per_minute=limits.tokens_per_minute
+        )
+    key_state = None
     for index, request_id in enumerate(request_ids):
         try:
-            request_submit(
+            admission = request_submit(
                 job=GenerationJob(
                     request_id=request_id,
                     origin=Origin.API,
-                    messages=request.prompt_messages(),
+                    messages=[] if text else request.prompt_messages(),
                     sampling=request.sampling_params(seed_offset=index),
                     client_id=api_key.client_id,
                     tier=tier,
                     variant=variant,
                     disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
-                )
+                    prompt=request.prompt if text else None,
+                ),
+                limits=limits,
+                tokens=tokens,
             )
-        except AdmissionRefused:
+        except AdmissionRefused as refusal:
             for admitted in request_ids[:index]:
                 control.request_cancel(request_id=admitted)
+            if refusal.reason in KEY_LIMIT_REASONS:
+                key_rate_limited_record(api_key=api_key, limit=KEY_LIMIT_REASONS[refusal.reason])
             raise
+        key_state = admission.key_state
     return SubmittedCompletion(
         request=request,
         request_ids=request_ids,
         variant=variant,
         created=int(time.time()),
         wait_limit_s=answer_wait_limit_s(tier_policy(tier).max_wait_s),
+        ratelimit_headers=ratelimit_headers(key_state) if key_state else {},
     )
 
 
@@ -178,8 +227,8 @@ async def _next_batches(
 
 
 async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
-    """Wait for the whole answer (every choice); returns a chat.completion object or raises
-    ApiError (the first failed choice's; the others are then cancelled)."""
+    """Wait for the whole answer (every choice); returns a chat.completion or text_completion
+    object or raises ApiError (the first failed choice's; the others are then cancelled)."""
     answers = [AnswerFold() for _ in submitted.request_ids]
     async with AsyncExitStack() as stack:
         following = {
@@ -207,13 +256,22 @@ async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
     except ApiError:
         await _cancel(*submitted.request_ids)
         raise
+    request = submitted.request
+    if isinstance(request, TextCompletionRequest):
+        return text_completion_object(
+            request_id=submitted.request_id,
+            created=submitted.created,
+            model=submitted.variant,
+            choices=outcomes,
+            usage=_usage(answers),
+        )
     return completion_object(
         request_id=submitted.request_id,
         created=submitted.created,
         model=submitted.variant,
         choices=outcomes,
         usage=_usage(answers),
-        request=submitted.request,
+        request=request,
     )
 
 
@@ -225,7 +283,7 @@ DONE = sse_data("[DONE]")
 
 
 class _ChoiceStream:
-    """One choice of a streamed completion: its events in, its chunks out."""
+    """One choice of a streamed chat completion: its events in, its chunks out."""
 
     def __init__(self, index: int, header: ChunkHeader, request: ChatCompletionRequest) -> None:
         self.index = index
@@ -233,6 +291,10 @@ class _ChoiceStream:
         self.request = request
         self.answer = AnswerFold()
         self._named_tool_started = False
+
+    def opening(self) -> list[dict[str, Any]]:
+        """The role chunk every choice starts with."""
+        return [self.header.chunk(ChoiceDelta(role="assistant", content=""), index=self.index)]
 
     def chunks(self) -> list[dict[str, Any]]:
         """The chunks for what arrived since the last call: text (or a named tool call's
@@ -265,13 +327,46 @@ class _ChoiceStream:
         return chunks
 
 
+class _TextChoiceStream:
+    """One choice of a streamed text completion: its events in, its chunks out (the same
+    text_completion object with the new text)."""
+
+    def __init__(self, index: int, header: TextChunkHeader) -> None:
+        self.index = index
+        self.header = header
+        self.answer = AnswerFold()
+
+    def opening(self) -> list[dict[str, Any]]:
+        return []  # no role to announce: the first chunk carries text
+
+    def chunks(self) -> list[dict[str, Any]]:
+        chunks = []
+        text = "".join(token.text for token in self.answer.unsent_tokens())
+        if text:
+            chunks.append(self.header.chunk(text, index=self.index))
+        end = self.answer.end
+        if isinstance(end, Done) and end.finish_reason != "cancelled":
+            chunks.append(self.header.chunk("", end.finish_reason, index=self.index))
+        return chunks
+
+
+def _choice_streams(submitted: SubmittedCompletion) -> tuple[ChunkHeader | TextChunkHeader, list[Any]]:
+    request = submitted.request
+    indexes = range(len(submitted.request_ids))
+    if isinstance(request, TextCompletionRequest):
+        text_header = TextChunkHeader(
+            submitted.request_id, submitted.created, submitted.variant, request.include_usage
+        )
+        return text_header, [_TextChoiceStream(index, text_header) for index in indexes]
+    header = ChunkHeader(submitted.request_id, submitted.created, submitted.variant, request.include_usage)
+    return header, [_ChoiceStream(index, header, request) for index in indexes]
+
+
 async def completion_stream(submitted: SubmittedCompletion) -> AsyncIterator[bytes]:
     """The answer as OpenAI SSE chunks (each choice's interleaved, as they come), ending with
     `data: [DONE]`. While subscribed the requests count as watched; once the client leaves, the
     worker cancels them after the API's grace."""
-    request = submitted.request
-    header = ChunkHeader(submitted.request_id, submitted.created, submitted.variant, request.include_usage)
-    choices = [_ChoiceStream(index, header, request) for index in range(len(submitted.request_ids))]
+    header, choices = _choice_streams(submitted)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + submitted.wait_limit_s
     async with AsyncExitStack() as stack:
@@ -282,7 +377,8 @@ async def completion_stream(submitted: SubmittedCompletion) -> AsyncIterator[byt
             for index, request_id in enumerate(submitted.request_ids)
         }
         for choice in choices:
-            yield _json(header.chunk(ChoiceDelta(role="assistant", content=""), index=choice.index))
+            for chunk in choice.opening():
+                yield _json(chunk)
         while following:
             left_s = deadline - loop.time()
             if left_s <= 0:

@@ -432,6 +432,30 @@ class ChatCompletionRequest(BaseModel):
         )
 
 
+class CompletionRequest(BaseModel):
+    """The legacy text completion: a raw prompt the model continues, without the chat template.
+    Parameters that would change the answer and cannot be applied (`n` > 1, `echo`, `suffix`,
+    `best_of`, `logprobs`, token-id prompts, several prompts...) are refused with 400."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: Annotated[str, Field(min_length=1)]
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
+    )
+    max_tokens: Annotated[int, Field(ge=1)] | None = Field(default=None, description="16 when left out.")
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    stop: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=MAX_STOP_SEQUENCES)]
+        | None
+    ) = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+
+
 class JobCreateRequest(BaseModel):
     requests: list[ChatCompletionRequest]
 
@@ -540,6 +564,35 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
+class TextChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: None
+    finish_reason: str | None
+
+
+class TextCompletion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[TextChoice]
+    usage: Usage
+
+
+class TextCompletionChunk(BaseModel):
+    """One server-sent event of a streamed text completion, sent as ChatCompletionChunk is."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[TextChoice]
+    usage: Usage | None = None
+
+
 class Model(BaseModel):
     id: str
     object: Literal["model"]
@@ -588,10 +641,13 @@ class Job(BaseModel):
 
 _SCHEMAS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
+    CompletionRequest,
     JobCreateRequest,
     ErrorResponse,
     ChatCompletion,
     ChatCompletionChunk,
+    TextCompletion,
+    TextCompletionChunk,
     ModelList,
     Model,
     Job,
@@ -606,6 +662,23 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
     return {"application/json": {"schema": _ref(model)}}
 
 
+def _ratelimit_headers() -> dict[str, Any]:
+    """OpenAI's headers, sent to a key with limits of its own (requests, tokens per minute)."""
+    meaning = {
+        "limit": "the key's limit per minute",
+        "remaining": "what the key may still use now",
+        "reset": 'until the limit is whole again, as OpenAI writes it ("20ms", "1.5s", "6m0s")',
+    }
+    return {
+        f"x-ratelimit-{part}-{kind}": {
+            "description": f"{kind.capitalize()}: {text}.",
+            "schema": {"type": "string"},
+        }
+        for kind in ("requests", "tokens")
+        for part, text in meaning.items()
+    }
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {
         400: "Invalid request",
@@ -614,7 +687,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         405: "Wrong method",
         409: "Conflict",
         413: "Request body too large",
-        429: "Rate limited (see Retry-After)",
+        429: "Rate limited (see Retry-After, and the key's x-ratelimit-* headers)",
         500: "The answer failed",
         503: "Overloaded or unavailable (see Retry-After)",
     }
@@ -631,6 +704,10 @@ def _request_caps(schemas: dict[str, Any]) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         chat[name]["anyOf"][0]["maximum"] = settings.INFERENCE_MAX_MODEL_LEN
     chat["n"]["anyOf"][0] |= {"minimum": 1, "maximum": settings.API_MAX_N}
+    text = schemas["CompletionRequest"]["properties"]
+    text["max_tokens"]["anyOf"][0]["maximum"] = settings.INFERENCE_MAX_MODEL_LEN
+    text["prompt"]["anyOf"][0]["maxLength"] = settings.API_MAX_PROMPT_CHARS
+    text["prompt"]["anyOf"][1]["items"]["maxLength"] = settings.API_MAX_PROMPT_CHARS
     jobs = schemas["JobCreateRequest"]["properties"]["requests"]
     jobs |= {"minItems": 1, "maxItems": settings.BATCH_JOB_MAX_REQUESTS}
 
@@ -648,13 +725,15 @@ def openapi_document() -> dict[str, Any]:
         "required": True,
         "schema": {"type": "string", "format": "uuid"},
     }
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
             "title": "Support chat: OpenAI-compatible API",
             "version": "1",
-            "description": "Chat completions (whole or streamed) and batch jobs. Authenticate with "
-            "`Authorization: Bearer sk-...` (`python manage.py apikey create`).",
+            "description": "Chat and text completions (whole or streamed) and batch jobs. "
+            "Authenticate with `Authorization: Bearer sk-...` (`python manage.py apikey create`). "
+            "A key with limits of its own (requests and tokens per minute) gets OpenAI's "
+            "x-ratelimit-* headers on every answer.",
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
@@ -701,6 +780,29 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/completions": {
+                "post": {
+                    "operationId": "createCompletion",
+                    "requestBody": {"required": True, "content": _json(CompletionRequest)},
+                    "responses": {
+                        "200": {
+                            "description": "The completion; with `stream: true`, text_completion "
+                            "chunks as server-sent events ending with `data: [DONE]`",
+                            "content": {
+                                **_json(TextCompletion),
+                                "text/event-stream": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {"data": {"type": "string"}},
+                                        "required": ["data"],
+                                    }
+                                },
+                            },
+                        },
+                        **_errors(400, 413, 429, 500, 503),
+                    },
+                }
+            },
             "/v1/jobs": {
                 "post": {
                     "operationId": "createJob",
@@ -727,3 +829,9 @@ def openapi_document() -> dict[str, Any]:
             },
         },
     }
+    # Every answer to a key with limits of its own may carry them.
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            for response in operation["responses"].values():
+                response["headers"] = _ratelimit_headers()
+    return document

@@ -1,4 +1,5 @@
-"""The OpenAI wire format: parse a chat completion request, shape responses, chunks and errors.
+"""The OpenAI wire format: parse a chat or text completion request, shape responses, chunks and
+errors.
 
 Requests are parsed by the protocol's pydantic models (`api.openai_protocol`), which follow
 vLLM's OpenAI server: what it accepts is accepted with the same meaning, what it refuses is a
@@ -8,9 +9,10 @@ vLLM's OpenAI server: what it accepts is accepted with the same meaning, what it
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -32,14 +34,18 @@ from api.openai_protocol import (
     FunctionCallDelta,
     NamedToolChoice,
     RequestInvalid,
+    TextChoice,
+    TextCompletion,
+    TextCompletionChunk,
     ToolCall,
     ToolCallDelta,
 )
 from api.openai_protocol import TokenLogprob as TokenLogprobShape
 from api.openai_protocol import Usage as UsageShape
 from scheduler.admission import AdmissionRefused
-from scheduler.generation import TokenLogprob, Usage
-from scheduler.prompt import ChatTemplateError, prompt_token_count
+from scheduler.generation import SamplingParams, TokenLogprob, Usage
+from scheduler.key_limits import KeyLimitState, LimitLevel
+from scheduler.prompt import ChatTemplateError, prompt_token_count, text_prompt_token_count
 
 
 class ApiError(Exception):
@@ -55,6 +61,7 @@ class ApiError(Exception):
         param: str | None = None,
         retry_after_s: int | None = None,
         retryable: bool | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -64,12 +71,13 @@ class ApiError(Exception):
         self.param = param
         self.retry_after_s = retry_after_s
         self.retryable = retryable
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JsonResponse:
-        response = JsonResponse(self.body(), status=self.status)
+        response = JsonResponse(self.body(), status=self.status, headers=self.headers)
         if self.retry_after_s is not None:
             response["Retry-After"] = str(self.retry_after_s)
         if self.status == 401:
@@ -80,18 +88,59 @@ class ApiError(Exception):
         return response
 
 
+def ratelimit_duration(seconds: float) -> str:
+    """A wait as OpenAI's x-ratelimit-reset-* headers write it: "20ms", "1.5s", "6m0s", "1h2m3s"."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{round(secs, 3):g}s"
+    if hours or minutes:
+        text = f"{int(minutes)}m{int(secs)}s"
+    return f"{int(hours)}h{text}" if hours else text
+
+
+def ratelimit_headers(state: KeyLimitState) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers for the limits the key has."""
+    headers: dict[str, str] = {}
+    for kind, level in (("requests", state.requests), ("tokens", state.tokens)):
+        if level is not None:
+            headers |= _ratelimit_trio(kind, level)
+    return headers
+
+
+def _ratelimit_trio(kind: str, level: LimitLevel) -> dict[str, str]:
+    return {
+        f"x-ratelimit-limit-{kind}": str(level.limit),
+        f"x-ratelimit-remaining-{kind}": str(level.remaining),
+        f"x-ratelimit-reset-{kind}": ratelimit_duration(level.reset_s),
+    }
+
+
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def api_error_for_refusal(refusal: AdmissionRefused) -> ApiError:
+def api_error_for_refusal(refusal: AdmissionRefused, headers: dict[str, str] | None = None) -> ApiError:
+    """`headers`: the key's x-ratelimit-* headers, when it has limits of its own."""
     if refusal.status == 429:
+        tokens = refusal.reason == "rate_limited_key_tokens"
+        message = refusal.message
+        if refusal.reason in {"rate_limited_key_requests", "rate_limited_key_tokens"}:
+            per_minute = "tokens per minute (TPM)" if tokens else "requests per minute (RPM)"
+            message = (
+                f"Rate limit reached for {per_minute} on this API key. "
+                f"Please try again in {refusal.retry_after_s}s."
+            )
         return ApiError(
             429,
-            refusal.message,
-            type="requests",
+            message,
+            type="tokens" if tokens else "requests",
             code="rate_limit_exceeded",
             retry_after_s=refusal.retry_after_s,
+            headers=headers,
         )
     return ApiError(
         refusal.status,
@@ -99,6 +148,7 @@ def api_error_for_refusal(refusal: AdmissionRefused) -> ApiError:
         type="server_error",
         code=refusal.reason,
         retry_after_s=refusal.retry_after_s,
+        headers=headers,
     )
 
 
@@ -176,6 +226,150 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = Fals
                 raise invalid(f"`{name}` is not available for requests in a job.", param_prefix + name)
     _context_check(request, param_prefix + "messages")
     return request
+
+
+# --- text completions (/v1/completions) -----------------------------------------------------
+
+
+MAX_STOP_SEQUENCES = 4
+# vLLM needs top_p above 0; 0 would mean "no token at all".
+MIN_TOP_P = 1e-6
+# A text completion's parameters that would change the answer and that it cannot apply.
+_TEXT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
+    "n": (None, 1),
+    "best_of": (None, 1),
+    "echo": (None, False),
+    "suffix": (None, ""),
+    "logprobs": (None,),
+    "logit_bias": (None, {}),
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "seed": (None,),
+    "tools": (None, []),
+    "tool_choice": (None, "none"),
+    "response_format": (None, {"type": "text"}),
+}
+# OpenAI's and vLLM's default for a text completion (chat completions default to the model's room).
+TEXT_COMPLETION_DEFAULT_MAX_TOKENS = 16
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _max_tokens(data: dict[str, Any], param: str) -> int:
+    name = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
+    value = data.get(name)
+    if value is None:
+        return settings.GENERATION_MAX_TOKENS
+    limit = settings.INFERENCE_MAX_MODEL_LEN
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)  # JSON has one number type: 64.0 is the integer 64
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
+        raise invalid(f"`{name}` must be an integer from 1 to {limit}.", param + name)
+    return value
+
+
+def _bounded(data: dict[str, Any], name: str, default: float, low: float, high: float, param: str) -> float:
+    value = data.get(name)
+    if value is None:
+        return default
+    if not _is_number(value) or not low <= value <= high:
+        raise invalid(f"`{name}` must be a number from {low} to {high}.", param + name)
+    return float(value)
+
+
+def _stop(raw: Any, param: str) -> list[str]:
+    if raw is None:
+        return []
+    stops = [raw] if isinstance(raw, str) else raw
+    if (
+        not isinstance(stops, list)
+        or len(stops) > MAX_STOP_SEQUENCES
+        or not all(isinstance(s, str) and s for s in stops)
+    ):
+        raise invalid(f"`stop` must be a string or a list of up to {MAX_STOP_SEQUENCES} strings.", param)
+    return stops
+
+
+@dataclass(frozen=True, slots=True)
+class TextCompletionRequest:
+    """A validated legacy completion: a raw prompt the model continues, with no chat template."""
+
+    prompt: str
+    prompt_tokens: int  # as the model's tokenizer counts them (a bound without one)
+    max_tokens: int
+    temperature: float
+    top_p: float
+    stop: list[str] = field(default_factory=list)
+    stream: bool = False
+    include_usage: bool = False
+    choices: int = 1  # `n` is refused
+
+    def sampling_params(self, *, seed_offset: int = 0) -> SamplingParams:
+        return SamplingParams(
+            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, stop=tuple(self.stop)
+        )
+
+
+def _text_prompt(raw: Any) -> str:
+    """A string, or a list holding one string; token ids and several prompts are refused."""
+    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
+        raw = raw[0]
+    if isinstance(raw, list) and raw and all(isinstance(p, str) for p in raw):
+        raise invalid("Send one prompt per request: `prompt` may be a list of one string only.", "prompt")
+    if isinstance(raw, list) and raw and all(isinstance(p, int | list) for p in raw):
+        raise invalid("Token ids are not accepted as `prompt`: send the prompt's text.", "prompt")
+    if not isinstance(raw, str) or not raw:
+        raise invalid("`prompt` is required: a non-empty string.", "prompt")
+    if len(raw) > settings.API_MAX_PROMPT_CHARS:
+        raise invalid(
+            f"The prompt holds {len(raw)} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted.",
+            "prompt",
+        )
+    return raw
+
+
+def text_completion_request_parse(data: Any) -> TextCompletionRequest:
+    """Validate a /v1/completions body (already decoded JSON); raises ApiError(400)."""
+    if not isinstance(data, dict):
+        raise invalid("The request body must be a JSON object.")
+    for name, unused in _TEXT_UNSUPPORTED.items():
+        if data.get(name) not in unused:
+            raise invalid(f"`{name}` is not supported by this service.", name)
+    if not isinstance(data.get("model"), str) or not data["model"]:
+        raise invalid("`model` is required: one of the ids from GET /v1/models.", "model")
+    stream = False if data.get("stream") is None else data["stream"]
+    if not isinstance(stream, bool):
+        raise invalid("`stream` must be a boolean.", "stream")
+    stream_options = data.get("stream_options")
+    if stream_options is not None and (not stream or not isinstance(stream_options, dict)):
+        raise invalid("`stream_options` is only allowed with `stream: true`.", "stream_options")
+    prompt = _text_prompt(data.get("prompt"))
+    max_tokens = (
+        TEXT_COMPLETION_DEFAULT_MAX_TOKENS if data.get("max_tokens") is None else _max_tokens(data, "")
+    )
+    prompt_tokens = text_prompt_token_count(prompt, model_path=settings.INFERENCE_MODEL)
+    context = settings.INFERENCE_MAX_MODEL_LEN
+    if prompt_tokens + max_tokens > context:
+        raise ApiError(
+            400,
+            f"This model's maximum context length is {context} tokens. However, you requested "
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in the "
+            "completion). Please reduce the length of the prompt or completion.",
+            param="prompt",
+            code="context_length_exceeded",
+        )
+    return TextCompletionRequest(
+        prompt=prompt,
+        prompt_tokens=prompt_tokens,
+        max_tokens=max_tokens,
+        temperature=_bounded(data, "temperature", settings.GENERATION_TEMPERATURE, 0.0, 2.0, ""),
+        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, MIN_TOP_P, 1.0, ""),
+        stop=_stop(data.get("stop"), "stop"),
+        stream=stream,
+        include_usage=bool((stream_options or {}).get("include_usage")),
+    )
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -313,6 +507,56 @@ class ChunkHeader:
             choices=[]
             if delta is None
             else [ChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)],
+        )
+        if self.include_usage:
+            chunk.usage = None  # OpenAI: null on every chunk but the last
+        return chunk.model_dump(mode="json", exclude_unset=True)
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self.chunk(None), "usage": usage_object(usage)}
+
+
+def text_completion_id(request_id: str) -> str:
+    return "cmpl-" + request_id.replace("-", "")
+
+
+def text_completion_object(
+    *, request_id: str, created: int, model: str, choices: list[ChoiceOutcome], usage: Usage
+) -> dict[str, Any]:
+    """A whole text completion (`object: text_completion`)."""
+    return TextCompletion(
+        id=text_completion_id(request_id),
+        created=created,
+        model=model,
+        choices=[
+            TextChoice(index=index, text=outcome.text, logprobs=None, finish_reason=outcome.finish_reason)
+            for index, outcome in enumerate(choices)
+        ],
+        usage=_usage_shape(usage),
+    ).model_dump(mode="json")
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunkHeader:
+    """What every chunk of one streamed text completion repeats: chunks are text_completion
+    objects with the new text; with `include_usage`, a last chunk with no choices holds usage."""
+
+    request_id: str
+    created: int
+    model: str
+    include_usage: bool
+
+    def chunk(self, text: str | None, finish_reason: str | None = None, *, index: int = 0) -> dict[str, Any]:
+        """A chunk with one choice, or with none (the closing usage chunk) when `text` is None."""
+        chunk = TextCompletionChunk(
+            id=text_completion_id(self.request_id),
+            object="text_completion",
+            created=self.created,
+            model=self.model,
+            system_fingerprint=None,
+            choices=[]
+            if text is None
+            else [TextChoice(index=index, text=text, logprobs=None, finish_reason=finish_reason)],
         )
         if self.include_usage:
             chunk.usage = None  # OpenAI: null on every chunk but the last

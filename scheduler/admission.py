@@ -14,8 +14,9 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from scheduler import keys, metrics, timeseries
+from scheduler import key_limits, keys, metrics, timeseries
 from scheduler.generation import GenerationJob, Tier
+from scheduler.key_limits import KeyLimits, KeyLimitState
 from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
 from scheduler.rate_limits import Bucket, address_scope, rate_limit_refund, rate_limit_take
@@ -31,18 +32,31 @@ _MESSAGES = {
     "address": "Too many messages from your network. Please wait a moment.",
     "tier": "Many people are writing right now. Please try again in a moment.",
     "global": "Many people are writing right now. Please try again in a moment.",
+    key_limits.REQUESTS_BUCKET: "This API key has sent its requests for this minute.",
+    key_limits.TOKENS_BUCKET: "This API key has used its tokens for this minute.",
 }
 
 
 class AdmissionRefused(Exception):
-    """`status` is the HTTP status the refusal maps to: 429 (rate) or 503 (capacity, outage)."""
+    """`status` is the HTTP status the refusal maps to: 429 (rate) or 503 (capacity, outage).
+    `key_state`: the API key's own limits as the decision read them (None: no limits, or not
+    read)."""
 
-    def __init__(self, *, status: int, reason: str, retry_after_s: float, message: str) -> None:
+    def __init__(
+        self,
+        *,
+        status: int,
+        reason: str,
+        retry_after_s: float,
+        message: str,
+        key_state: KeyLimitState | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
         self.retry_after_s = max(1, math.ceil(retry_after_s))
         self.message = message
+        self.key_state = key_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,6 +66,7 @@ class Admission:
     tier: Tier
     position: int
     predicted_wait_s: float
+    key_state: KeyLimitState | None = None  # the API key's own limits after this request
 
 
 def _buckets(policy: Policy, client_id: str, client_address: str | None) -> list[Bucket]:
@@ -80,22 +95,37 @@ def _buckets(policy: Policy, client_id: str, client_address: str | None) -> list
     return buckets
 
 
-def request_submit(*, job: GenerationJob, client_address: str | None = None) -> Admission:
+def request_submit(
+    *,
+    job: GenerationJob,
+    client_address: str | None = None,
+    limits: KeyLimits | None = None,
+    tokens: int = 0,
+) -> Admission:
     """Admit and enqueue a generation request, or raise AdmissionRefused.
 
     `client_address` is given for guests only: their sessions are free to make, their address
-    is not.
+    is not. `limits` are an API key's own; `tokens` is the most the request may use (prompt and
+    `max_tokens`), which its key's tokens bucket reserves.
     """
     generation_create(job=job)
-    return request_admit(job=job, client_address=client_address)
+    return request_admit(job=job, client_address=client_address, limits=limits, tokens=tokens)
 
 
-def request_admit(*, job: GenerationJob, client_address: str | None = None) -> Admission:
+def request_admit(
+    *,
+    job: GenerationJob,
+    client_address: str | None = None,
+    limits: KeyLimits | None = None,
+    tokens: int = 0,
+) -> Admission:
     """Admit and enqueue a request whose record the caller has already written (in its own
     transaction, with what it stores beside it), or raise AdmissionRefused and discard the
     record."""
     try:
-        admission = _admit(job=job, client_address=client_address)
+        admission = _admit(
+            job=job, client_address=client_address, limits=limits or KeyLimits(), tokens=tokens
+        )
     except AdmissionRefused as refusal:
         generation_discard(request_id=job.request_id)
         # Redis just failed this request: counting the refusal there would only wait again.
@@ -107,19 +137,25 @@ def request_admit(*, job: GenerationJob, client_address: str | None = None) -> A
     return admission
 
 
-def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
+def _admit(*, job: GenerationJob, client_address: str | None, limits: KeyLimits, tokens: int) -> Admission:
     request_id, client_id = job.request_id, job.client_id
+    key_state: KeyLimitState | None = None
     try:
         policy = tier_policy(job.tier)
-        buckets = _buckets(policy, client_id, client_address)
+        own = key_limits.key_buckets(client_id, limits, tokens=tokens)
+        buckets = [*own, *_buckets(policy, client_id, client_address)]
         inflight_key = keys.inflight(client_id)
+        lapse_s = policy.max_wait_s + settings.GENERATION_TIMEOUT_S
         decision = rate_limit_take(
             buckets,
             inflight_key=inflight_key,
             max_inflight=policy.max_concurrent_per_user,
             request_id=request_id,
-            lapse_s=policy.max_wait_s + settings.GENERATION_TIMEOUT_S,
+            lapse_s=lapse_s,
         )
+        if own and decision.levels:
+            levels = {bucket.key: level for bucket, level in zip(buckets, decision.levels, strict=True)}
+            key_state = key_limits.key_limit_state(own, levels)
         if not decision.allowed:
             concurrency = decision.limited_by == "concurrency"
             raise AdmissionRefused(
@@ -127,6 +163,11 @@ def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
                 reason="too_many_in_progress" if concurrency else f"rate_limited_{decision.limited_by}",
                 retry_after_s=CONCURRENCY_RETRY_AFTER_S if concurrency else decision.retry_after_s,
                 message=_MESSAGES[decision.limited_by or "global"],
+                key_state=key_state,
+            )
+        if limits.tokens_per_minute is not None:
+            key_limits.key_tokens_reserve(
+                client_id=client_id, request_id=request_id, tokens=tokens, lapse_s=lapse_s
             )
         queued = job_enqueue(
             tier=job.tier if settings.SCHEDULER_PRIORITY else Tier.NORMAL,
@@ -137,6 +178,7 @@ def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
         )
         if not queued.admitted:
             rate_limit_refund(buckets, inflight_key=inflight_key, request_id=request_id)
+            key_limits.key_tokens_release(client_id=client_id, request_id=request_id)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise AdmissionRefused(
             status=503,
@@ -157,9 +199,15 @@ def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
         tier=job.tier,
         position=queued.position,
         predicted_wait_s=queued.predicted_wait_s,
+        key_state=key_state,
     )
 
 
-async def request_finished(client: aioredis.Redis, *, client_id: str, request_id: str) -> None:
-    """The request no longer counts against its client's concurrency limit."""
-    await client.zrem(keys.inflight(client_id), request_id)
+async def request_finished(
+    client: aioredis.Redis, *, client_id: str, request_id: str, tokens_used: int
+) -> None:
+    """The request no longer counts against its client's concurrency limit, and its API key's
+    token reservation is settled with what it used. Idempotent."""
+    await key_limits.request_settle(
+        client, client_id=client_id, request_id=request_id, tokens_used=tokens_used
+    )

@@ -142,7 +142,10 @@ class SamplingParams:
 @dataclass(frozen=True, slots=True)
 class GenerationJob:
     """One generation request as it waits in a queue. The queue entry adds when it was enqueued
-    and its deadline (`max_wait_s` later, by Redis's clock): see scheduler.queues.Job."""
+    and its deadline (`max_wait_s` later, by Redis's clock): see scheduler.queues.Job.
+
+    The prompt is either `messages`, rendered with the model's chat template, or `prompt`, a raw
+    text the model continues as it is (a text completion); `messages` is empty then."""
 
     request_id: str
     origin: Origin
@@ -153,6 +156,7 @@ class GenerationJob:
     variant: str
     # How long the request may go unwatched before the worker cancels it; None: never (batch).
     disconnect_grace_s: float | None
+    prompt: str | None = None
 
     def encode(self) -> str:
         return json.dumps(
@@ -165,6 +169,7 @@ class GenerationJob:
                 "tier": str(self.tier),
                 "variant": self.variant,
                 "disconnect_grace_s": self.disconnect_grace_s,
+                "prompt": self.prompt,
             }
         )
 
@@ -180,6 +185,7 @@ class GenerationJob:
             tier=Tier(data["tier"]),
             variant=data["variant"],
             disconnect_grace_s=data["disconnect_grace_s"],
+            prompt=data.get("prompt"),
         )
 
 

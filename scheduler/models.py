@@ -147,6 +147,8 @@ class Generation(models.Model):
         indexes = [
             # The canary's per-variant numbers over a recent window.
             models.Index(fields=["variant", "finished_at"]),
+            # Each API key's usage per day (api.usage).
+            models.Index(fields=["origin", "created_at"]),
         ]
 
     def __str__(self) -> str:

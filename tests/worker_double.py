@@ -15,13 +15,15 @@ from scheduler.services import GenerationOutcome, generation_finish
 
 
 def queued(tier: str, variant: str = "stable") -> list[dict[str, Any]]:
-    """The jobs waiting in a tier's queue, flattened: request_id, messages, sampling fields..."""
+    """The jobs waiting in a tier's queue, flattened: request_id, messages or prompt, sampling
+    fields..."""
     entries = sync_redis().xrange(keys.queue(variant, tier))
     jobs = [GenerationJob.decode(fields["job"]) for _, fields in entries]
     return [
         {
             "request_id": job.request_id,
             "messages": job.messages,
+            "prompt": job.prompt,
             "client_id": job.client_id,
             "disconnect_grace_s": job.disconnect_grace_s,
             **job.sampling.to_dict(),

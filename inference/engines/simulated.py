@@ -53,9 +53,11 @@ _JSON_PIECE = re.compile(r"\s*(?:\"(?:[^\"\\]|\\.)*\"|[^\s\"]{1,4})")
 
 
 def simulated_answer_tokens(request: GenerationRequest, count: int) -> list[str]:
-    """The deterministic answer of `count` tokens: labelled and echoing the question, then filler
-    words (starting where the seed says)."""
-    question = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
+    """The deterministic answer of `count` tokens: labelled and echoing the question (or a raw
+    prompt), then filler words (starting where the seed says)."""
+    question = request.prompt
+    if question is None:
+        question = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
     words = ["[simulated]", "You", "asked:", *question.split()[:8], "—"]
     seed = request.sampling.seed
     start = 0 if seed is None else seed % len(_FILLER)
@@ -154,6 +156,13 @@ def _logprobs(token: str, top: int) -> tuple[TokenLogprob, ...]:
     return (TokenLogprob(token=token, logprob=0.0, bytes=encoded, top_logprobs=tuple(shown)),)
 
 
+def _prompt_tokens(request: GenerationRequest) -> int:
+    """A word a token, plus what a chat template adds per message (a raw prompt has none)."""
+    if request.prompt is not None:
+        return len(request.prompt.split()) + 1
+    return sum(len(m["content"].split()) + 4 for m in request.messages)
+
+
 def _process_memory_bytes() -> int:
     try:
         with open("/proc/self/statm") as statm:
@@ -220,7 +229,7 @@ class SimulatedEngine:
         sequence = _Sequence(
             request=request,
             tokens=tokens,
-            prompt_tokens=sum(len(m["content"].split()) + 4 for m in request.messages),
+            prompt_tokens=_prompt_tokens(request),
             stopped=stopped,
         )
         fails_after = (

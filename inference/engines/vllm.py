@@ -138,7 +138,10 @@ class VllmEngine:
         # Encoding a long prompt takes milliseconds of CPU: off the loop that streams every
         # other request's tokens.
         try:
-            prompt_token_ids = await asyncio.to_thread(self._prompt_encoder.encode, request.messages)
+            if request.prompt is not None:
+                prompt_token_ids = await asyncio.to_thread(self._prompt_encoder.encode_text, request.prompt)
+            else:
+                prompt_token_ids = await asyncio.to_thread(self._prompt_encoder.encode, request.messages)
         except ChatTemplateError as exc:
             raise EngineRequestError(f"The chat template refused the messages: {exc}") from exc
         # The renderer checks the prompt against max_model_len and turns it into the engine's

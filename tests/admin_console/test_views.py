@@ -9,6 +9,8 @@ from django.urls import resolve
 
 from admin_console import urls as console_urls
 from admin_console.models import AuditLog, CanaryRollout
+from api import keys as api_keys
+from api.models import ApiKey
 from chat.models import User
 from knowledge.models import Article
 from scheduler.models import TierPolicy
@@ -36,6 +38,7 @@ CONSOLE_URLS = [
     ("GET", "/console/api-keys"),
     ("POST", "/console/api-keys/create"),
     ("POST", "/console/api-keys/1/revoke"),
+    ("POST", "/console/api-keys/1/limits"),
     ("GET", "/console/knowledge"),
     ("POST", "/console/knowledge/new"),
     ("POST", "/console/knowledge/1"),
@@ -318,3 +321,32 @@ def test_an_article_with_a_slug_in_use_or_no_text_is_refused_with_a_reason(clien
     assert response.status_code == 400
     assert Article.objects.count() == 1
     assert AuditLog.objects.filter(action="article.create").count() == 1
+
+
+def test_staff_set_a_key_s_limits_audited_and_applied_to_its_next_call(client_staff):
+    issued = api_keys.api_key_create(owner=User.objects.create(username="alice"))
+    key = issued.api_key
+    response = client_staff.post(
+        f"/console/api-keys/{key.pk}/limits",
+        {f"key-{key.pk}-requests_per_minute": "2", f"key-{key.pk}-tokens_per_minute": ""},
+        headers={"HX-Request": "true"},
+    )
+    assert response.status_code == 200
+    assert "Limits of" in response.content.decode()
+    key.refresh_from_db()
+    assert (key.requests_per_minute, key.tokens_per_minute) == (2, None)
+    entry = AuditLog.objects.get(action="api_key.limits")
+    assert (entry.actor_name, entry.target) == ("sam", key.prefix)
+    assert entry.before == {"requests_per_minute": None, "tokens_per_minute": None}
+    assert entry.after == {"requests_per_minute": 2, "tokens_per_minute": None}
+    auth = {"Authorization": f"Bearer {issued.plaintext}"}
+    assert Client().get("/v1/models", headers=auth)["x-ratelimit-limit-requests"] == "2"
+
+    refused = client_staff.post(
+        f"/console/api-keys/{key.pk}/limits",
+        {f"key-{key.pk}-requests_per_minute": "0"},
+        headers={"HX-Request": "true"},
+    )
+    assert refused.status_code == 400
+    assert ApiKey.objects.get(pk=key.pk).requests_per_minute == 2
+    assert AuditLog.objects.filter(action="api_key.limits").count() == 1

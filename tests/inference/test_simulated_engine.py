@@ -128,3 +128,21 @@ def test_logprobs_are_certain_with_the_top_candidates_after_the_sampled_token():
     assert all(entry.logprob == 0.0 for entry in entries)
     assert all([top.logprob for top in entry.top_logprobs] == [0.0, -9999.0] for entry in entries)
     assert _answer(max_tokens=3)[0].logprobs is None
+
+
+def test_a_raw_prompt_is_answered_without_chat_messages():
+    async def run() -> tuple[str, int]:
+        engine = SimulatedEngine(
+            max_num_seqs=1, prefill_s_per_token=0, decode_base_s=0, decode_per_seq_s=0, output_tokens=10
+        )
+        await engine.start()
+        try:
+            request = GenerationRequest(request_id="r", messages=[], prompt="Once upon a time")
+            deltas = [delta async for delta in engine.generate(request)]
+        finally:
+            await engine.shutdown()
+        return "".join(delta.text for delta in deltas), deltas[-1].prompt_tokens
+
+    text, prompt_tokens = asyncio.run(run())
+    assert text.startswith("[simulated] You asked: Once upon a time")
+    assert prompt_tokens == 5  # a word a token, and no chat template's own

@@ -19,6 +19,7 @@ import jsonschema
 import psutil
 import pytest
 from django.conf import settings
+from tokenizers import Tokenizer
 
 from inference.engines.base import Delta, EngineDeadError, GenerationRequest
 from inference.engines.vllm import VllmEngine
@@ -244,3 +245,15 @@ def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -
             await _collect(engine, _request("after-death", "Hello", 4))
 
     vllm_engine.run(scenario())
+
+
+def test_a_raw_prompt_is_continued_without_the_chat_template(vllm_engine: EngineOnLoop) -> None:
+    prompt = "1, 2, 3, 4, 5, 6,"
+    raw = GenerationRequest(
+        request_id="raw-prompt", messages=[], prompt=prompt, max_tokens=8, temperature=0.0
+    )
+    deltas = vllm_engine.run(_collect(vllm_engine.engine, raw))
+    assert "7" in "".join(d.text for d in deltas)
+    tokenizer = Tokenizer.from_file(str(Path(vllm_engine.engine.model_path) / "tokenizer.json"))
+    # The prompt's own tokens only: no system turn, no role markers.
+    assert deltas[-1].prompt_tokens == len(tokenizer.encode(prompt).ids)
