@@ -25,13 +25,12 @@ from django.conf import settings
 
 from api.metrics import key_rate_limited_record
 from api.models import ApiKey
-from api.openai_protocol import ChatCompletionRequest, ChoiceDelta, NamedToolChoice
+from api.openai_protocol import ChatCompletionRequest, ChoiceDelta, CompletionRequest, NamedToolChoice
 from api.openai_shapes import (
     ApiError,
     ChoiceOutcome,
     ChunkHeader,
     TextChunkHeader,
-    TextCompletionRequest,
     completion_id,
     completion_object,
     logprobs_shape,
@@ -39,6 +38,7 @@ from api.openai_shapes import (
     ratelimit_headers,
     required_tool_calls,
     text_completion_object,
+    text_logprobs_shape,
     tool_calls_delta,
 )
 from chat.sse import sse_comment, sse_data
@@ -46,7 +46,7 @@ from scheduler import control
 from scheduler.admission import AdmissionRefused, request_submit
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier, Usage, tokens_logprobs
 from scheduler.policy import tier_policy
-from scheduler.prompt import prompt_token_count
+from scheduler.prompt import prompt_token_count, text_prompt_token_count
 from scheduler.results import ResultEvent, result_follower
 from scheduler.routing import variant_for
 from scheduler.rules import answer_wait_limit_s
@@ -56,7 +56,7 @@ EXPIRED_RETRY_AFTER_S = 10
 # Admission's refusals for a key's own limits -> the limit, as the metrics name it.
 KEY_LIMIT_REASONS = {"rate_limited_key_requests": "requests", "rate_limited_key_tokens": "tokens"}
 
-AnyCompletionRequest = ChatCompletionRequest | TextCompletionRequest
+AnyCompletionRequest = ChatCompletionRequest | CompletionRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +75,10 @@ class SubmittedCompletion:
 
 def _tokens_at_most(request: AnyCompletionRequest) -> int:
     """The most tokens one choice of the request may use: its prompt and its max_tokens."""
-    if isinstance(request, TextCompletionRequest):
-        return request.prompt_tokens + request.max_tokens
-    prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
+    if isinstance(request, CompletionRequest):
+        prompt_tokens = text_prompt_token_count(request.prompt_text, model_path=settings.INFERENCE_MODEL)
+    else:
+        prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
     return prompt_tokens + request.answer_max_tokens
 
 
@@ -104,7 +105,7 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
     request_ids = [str(uuid.uuid4()) for _ in range(request.choices)]
     variant = variant_for(conversation_id=completion_id(request_ids[0]))
     tier = Tier(api_key.effective_tier)
-    text = isinstance(request, TextCompletionRequest)
+    text = isinstance(request, CompletionRequest)
     limits = api_key.limits
     tokens = _tokens_at_most(request) if limits.tokens_per_minute is not None else 0
     if limits.tokens_per_minute is not None and tokens * len(request_ids) > limits.tokens_per_minute:
@@ -124,7 +125,7 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
                     tier=tier,
                     variant=variant,
                     disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
-                    prompt=request.prompt if text else None,
+                    prompt=request.prompt_text if text else None,
                 ),
                 limits=limits,
                 tokens=tokens,
@@ -257,13 +258,14 @@ async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
         await _cancel(*submitted.request_ids)
         raise
     request = submitted.request
-    if isinstance(request, TextCompletionRequest):
+    if isinstance(request, CompletionRequest):
         return text_completion_object(
             request_id=submitted.request_id,
             created=submitted.created,
             model=submitted.variant,
             choices=outcomes,
             usage=_usage(answers),
+            request=request,
         )
     return completion_object(
         request_id=submitted.request_id,
@@ -312,7 +314,11 @@ class _ChoiceStream:
         elif text:
             delta = ChoiceDelta(content=text)
         if delta is not None:
-            logprobs = logprobs_shape(tokens_logprobs(tokens) or ()) if self.request.logprobs else None
+            logprobs = (
+                logprobs_shape(tokens_logprobs(tokens) or (), self.request.top_logprobs or 0)
+                if self.request.logprobs
+                else None
+            )
             chunks.append(self.header.chunk(delta, index=self.index, logprobs=logprobs))
         end = self.answer.end
         if isinstance(end, Done) and end.finish_reason != "cancelled":
@@ -331,19 +337,28 @@ class _TextChoiceStream:
     """One choice of a streamed text completion: its events in, its chunks out (the same
     text_completion object with the new text)."""
 
-    def __init__(self, index: int, header: TextChunkHeader) -> None:
+    def __init__(self, index: int, header: TextChunkHeader, logprobs: int | None) -> None:
         self.index = index
         self.header = header
+        self.logprobs = logprobs
         self.answer = AnswerFold()
+        self._text_offset = 0  # where the next chunk's first token starts in the answer
 
     def opening(self) -> list[dict[str, Any]]:
         return []  # no role to announce: the first chunk carries text
 
     def chunks(self) -> list[dict[str, Any]]:
         chunks = []
-        text = "".join(token.text for token in self.answer.unsent_tokens())
+        tokens = self.answer.unsent_tokens()
+        text = "".join(token.text for token in tokens)
         if text:
-            chunks.append(self.header.chunk(text, index=self.index))
+            logprobs = None
+            if self.logprobs is not None:
+                entries = tokens_logprobs(tokens) or []
+                logprobs = text_logprobs_shape(entries, self.logprobs, self._text_offset)
+                # As vLLM: on by the tokens reported (text held back for a stop string lags them).
+                self._text_offset += sum(len(entry.token) for entry in entries)
+            chunks.append(self.header.chunk(text, index=self.index, logprobs=logprobs))
         end = self.answer.end
         if isinstance(end, Done) and end.finish_reason != "cancelled":
             chunks.append(self.header.chunk("", end.finish_reason, index=self.index))
@@ -353,11 +368,11 @@ class _TextChoiceStream:
 def _choice_streams(submitted: SubmittedCompletion) -> tuple[ChunkHeader | TextChunkHeader, list[Any]]:
     request = submitted.request
     indexes = range(len(submitted.request_ids))
-    if isinstance(request, TextCompletionRequest):
+    if isinstance(request, CompletionRequest):
         text_header = TextChunkHeader(
             submitted.request_id, submitted.created, submitted.variant, request.include_usage
         )
-        return text_header, [_TextChoiceStream(index, text_header) for index in indexes]
+        return text_header, [_TextChoiceStream(index, text_header, request.logprobs) for index in indexes]
     header = ChunkHeader(submitted.request_id, submitted.created, submitted.variant, request.include_usage)
     return header, [_ChoiceStream(index, header, request) for index in indexes]
 

@@ -12,9 +12,9 @@ import json
 import math
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.http import JsonResponse
@@ -30,10 +30,13 @@ from api.openai_protocol import (
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
+    CompletionLogprobs,
+    CompletionRequest,
     FunctionCall,
     FunctionCallDelta,
     NamedToolChoice,
     RequestInvalid,
+    SamplingRequest,
     TextChoice,
     TextCompletion,
     TextCompletionChunk,
@@ -43,9 +46,11 @@ from api.openai_protocol import (
 from api.openai_protocol import TokenLogprob as TokenLogprobShape
 from api.openai_protocol import Usage as UsageShape
 from scheduler.admission import AdmissionRefused
-from scheduler.generation import SamplingParams, TokenLogprob, Usage
+from scheduler.generation import TokenLogprob, Usage
 from scheduler.key_limits import KeyLimitState, LimitLevel
 from scheduler.prompt import ChatTemplateError, prompt_token_count, text_prompt_token_count
+
+SamplingRequestT = TypeVar("SamplingRequestT", bound=SamplingRequest)
 
 
 class ApiError(Exception):
@@ -187,34 +192,33 @@ def _validation_error(exc: ValidationError, prefix: str) -> ApiError:
     return invalid(f"Invalid value for `{param}`: {error['msg']}.", param)
 
 
-def _context_check(request: ChatCompletionRequest, param: str) -> None:
+def _context_check(prompt_tokens: int, max_tokens: int, *, param: str, prompt_name: str) -> None:
     """Refuse, before it is queued, a prompt that the model's context cannot hold with its answer."""
-    try:
-        prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
-    except ChatTemplateError as exc:
-        raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
     context = settings.INFERENCE_MAX_MODEL_LEN
-    max_tokens = request.answer_max_tokens
     if prompt_tokens + max_tokens > context:
         raise ApiError(
             400,
             f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in "
-            "the completion). Please reduce the length of the messages or completion.",
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_name}, {max_tokens} in "
+            f"the completion). Please reduce the length of the {prompt_name} or completion.",
             param=param,
             code="context_length_exceeded",
         )
 
 
-def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = False) -> ChatCompletionRequest:
-    """Validate a chat completion request body (already decoded JSON); raises ApiError(400).
-    A job's requests are answered whole, one choice each, from the stored answer's text."""
+def _parsed(model: type[SamplingRequestT], data: Any, param_prefix: str) -> SamplingRequestT:
     if not isinstance(data, dict):
         raise invalid("The request body must be a JSON object.", param_prefix.rstrip(".") or None)
     try:
-        request = ChatCompletionRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc, param_prefix) from None
+
+
+def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = False) -> ChatCompletionRequest:
+    """Validate a chat completion request body (already decoded JSON); raises ApiError(400).
+    A job's requests are answered whole, one choice each, from the stored answer's text."""
+    request = _parsed(ChatCompletionRequest, data, param_prefix)
     if in_job:
         for name, used in (
             ("stream", request.stream),
@@ -224,152 +228,21 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = Fals
         ):
             if used:
                 raise invalid(f"`{name}` is not available for requests in a job.", param_prefix + name)
-    _context_check(request, param_prefix + "messages")
+    param = param_prefix + "messages"
+    try:
+        prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
+    except ChatTemplateError as exc:
+        raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
+    _context_check(prompt_tokens, request.answer_max_tokens, param=param, prompt_name="messages")
     return request
 
 
-# --- text completions (/v1/completions) -----------------------------------------------------
-
-
-MAX_STOP_SEQUENCES = 4
-# vLLM needs top_p above 0; 0 would mean "no token at all".
-MIN_TOP_P = 1e-6
-# A text completion's parameters that would change the answer and that it cannot apply.
-_TEXT_UNSUPPORTED: dict[str, tuple[Any, ...]] = {
-    "n": (None, 1),
-    "best_of": (None, 1),
-    "echo": (None, False),
-    "suffix": (None, ""),
-    "logprobs": (None,),
-    "logit_bias": (None, {}),
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
-    "seed": (None,),
-    "tools": (None, []),
-    "tool_choice": (None, "none"),
-    "response_format": (None, {"type": "text"}),
-}
-# OpenAI's and vLLM's default for a text completion (chat completions default to the model's room).
-TEXT_COMPLETION_DEFAULT_MAX_TOKENS = 16
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _max_tokens(data: dict[str, Any], param: str) -> int:
-    name = "max_completion_tokens" if data.get("max_completion_tokens") is not None else "max_tokens"
-    value = data.get(name)
-    if value is None:
-        return settings.GENERATION_MAX_TOKENS
-    limit = settings.INFERENCE_MAX_MODEL_LEN
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)  # JSON has one number type: 64.0 is the integer 64
-    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= limit:
-        raise invalid(f"`{name}` must be an integer from 1 to {limit}.", param + name)
-    return value
-
-
-def _bounded(data: dict[str, Any], name: str, default: float, low: float, high: float, param: str) -> float:
-    value = data.get(name)
-    if value is None:
-        return default
-    if not _is_number(value) or not low <= value <= high:
-        raise invalid(f"`{name}` must be a number from {low} to {high}.", param + name)
-    return float(value)
-
-
-def _stop(raw: Any, param: str) -> list[str]:
-    if raw is None:
-        return []
-    stops = [raw] if isinstance(raw, str) else raw
-    if (
-        not isinstance(stops, list)
-        or len(stops) > MAX_STOP_SEQUENCES
-        or not all(isinstance(s, str) and s for s in stops)
-    ):
-        raise invalid(f"`stop` must be a string or a list of up to {MAX_STOP_SEQUENCES} strings.", param)
-    return stops
-
-
-@dataclass(frozen=True, slots=True)
-class TextCompletionRequest:
-    """A validated legacy completion: a raw prompt the model continues, with no chat template."""
-
-    prompt: str
-    prompt_tokens: int  # as the model's tokenizer counts them (a bound without one)
-    max_tokens: int
-    temperature: float
-    top_p: float
-    stop: list[str] = field(default_factory=list)
-    stream: bool = False
-    include_usage: bool = False
-    choices: int = 1  # `n` is refused
-
-    def sampling_params(self, *, seed_offset: int = 0) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p, stop=tuple(self.stop)
-        )
-
-
-def _text_prompt(raw: Any) -> str:
-    """A string, or a list holding one string; token ids and several prompts are refused."""
-    if isinstance(raw, list) and len(raw) == 1 and isinstance(raw[0], str):
-        raw = raw[0]
-    if isinstance(raw, list) and raw and all(isinstance(p, str) for p in raw):
-        raise invalid("Send one prompt per request: `prompt` may be a list of one string only.", "prompt")
-    if isinstance(raw, list) and raw and all(isinstance(p, int | list) for p in raw):
-        raise invalid("Token ids are not accepted as `prompt`: send the prompt's text.", "prompt")
-    if not isinstance(raw, str) or not raw:
-        raise invalid("`prompt` is required: a non-empty string.", "prompt")
-    if len(raw) > settings.API_MAX_PROMPT_CHARS:
-        raise invalid(
-            f"The prompt holds {len(raw)} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted.",
-            "prompt",
-        )
-    return raw
-
-
-def text_completion_request_parse(data: Any) -> TextCompletionRequest:
+def text_completion_request_parse(data: Any) -> CompletionRequest:
     """Validate a /v1/completions body (already decoded JSON); raises ApiError(400)."""
-    if not isinstance(data, dict):
-        raise invalid("The request body must be a JSON object.")
-    for name, unused in _TEXT_UNSUPPORTED.items():
-        if data.get(name) not in unused:
-            raise invalid(f"`{name}` is not supported by this service.", name)
-    if not isinstance(data.get("model"), str) or not data["model"]:
-        raise invalid("`model` is required: one of the ids from GET /v1/models.", "model")
-    stream = False if data.get("stream") is None else data["stream"]
-    if not isinstance(stream, bool):
-        raise invalid("`stream` must be a boolean.", "stream")
-    stream_options = data.get("stream_options")
-    if stream_options is not None and (not stream or not isinstance(stream_options, dict)):
-        raise invalid("`stream_options` is only allowed with `stream: true`.", "stream_options")
-    prompt = _text_prompt(data.get("prompt"))
-    max_tokens = (
-        TEXT_COMPLETION_DEFAULT_MAX_TOKENS if data.get("max_tokens") is None else _max_tokens(data, "")
-    )
-    prompt_tokens = text_prompt_token_count(prompt, model_path=settings.INFERENCE_MODEL)
-    context = settings.INFERENCE_MAX_MODEL_LEN
-    if prompt_tokens + max_tokens > context:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the prompt, {max_tokens} in the "
-            "completion). Please reduce the length of the prompt or completion.",
-            param="prompt",
-            code="context_length_exceeded",
-        )
-    return TextCompletionRequest(
-        prompt=prompt,
-        prompt_tokens=prompt_tokens,
-        max_tokens=max_tokens,
-        temperature=_bounded(data, "temperature", settings.GENERATION_TEMPERATURE, 0.0, 2.0, ""),
-        top_p=_bounded(data, "top_p", settings.GENERATION_TOP_P, MIN_TOP_P, 1.0, ""),
-        stop=_stop(data.get("stop"), "stop"),
-        stream=stream,
-        include_usage=bool((stream_options or {}).get("include_usage")),
-    )
+    request = _parsed(CompletionRequest, data, "")
+    prompt_tokens = text_prompt_token_count(request.prompt_text, model_path=settings.INFERENCE_MODEL)
+    _context_check(prompt_tokens, request.answer_max_tokens, param="prompt", prompt_name="prompt")
+    return request
 
 
 # --- responses ------------------------------------------------------------------------------
@@ -412,8 +285,31 @@ class ChoiceOutcome:
     logprobs: list[TokenLogprob] | None = None
 
 
-def logprobs_shape(entries: Iterable[TokenLogprob]) -> ChoiceLogprobs:
-    return ChoiceLogprobs(content=[TokenLogprobShape.model_validate(entry.to_dict()) for entry in entries])
+def logprobs_shape(entries: Iterable[TokenLogprob], top: int) -> ChoiceLogprobs:
+    """A chat choice's logprobs: each token with the first `top` of its candidates (the sampled
+    token first), as vLLM's chat server keeps them."""
+    content = []
+    for entry in entries:
+        data = entry.to_dict()
+        content.append(TokenLogprobShape.model_validate({**data, "top_logprobs": data["top_logprobs"][:top]}))
+    return ChoiceLogprobs(content=content)
+
+
+def text_logprobs_shape(
+    entries: Iterable[TokenLogprob], top: int, text_offset: int = 0
+) -> CompletionLogprobs:
+    """A text choice's logprobs as vLLM's completions server writes them: the tokens, their
+    logprobs, each one's candidates as {token: logprob} (the sampled token and `top` more) and
+    where each token starts in the answer's text (counting on from `text_offset`, where the
+    previous chunk's tokens ended)."""
+    shape = CompletionLogprobs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
+    for entry in entries:
+        shape.tokens.append(entry.token)
+        shape.token_logprobs.append(entry.logprob)
+        shape.top_logprobs.append({c.token: c.logprob for c in entry.top_logprobs[: top + 1]})
+        shape.text_offset.append(text_offset)
+        text_offset += len(entry.token)
+    return shape
 
 
 def required_tool_calls(text: str) -> list[ToolCall]:
@@ -456,7 +352,7 @@ def choice_object(index: int, outcome: ChoiceOutcome, request: ChatCompletionReq
             finish_reason = "tool_calls"
     logprobs = None
     if request is not None and request.logprobs:
-        logprobs = logprobs_shape(outcome.logprobs or ())
+        logprobs = logprobs_shape(outcome.logprobs or (), request.top_logprobs or 0)
     return Choice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason)
 
 
@@ -521,15 +417,27 @@ def text_completion_id(request_id: str) -> str:
 
 
 def text_completion_object(
-    *, request_id: str, created: int, model: str, choices: list[ChoiceOutcome], usage: Usage
+    *,
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[ChoiceOutcome],
+    usage: Usage,
+    request: CompletionRequest,
 ) -> dict[str, Any]:
     """A whole text completion (`object: text_completion`)."""
+    top = request.logprobs
     return TextCompletion(
         id=text_completion_id(request_id),
         created=created,
         model=model,
         choices=[
-            TextChoice(index=index, text=outcome.text, logprobs=None, finish_reason=outcome.finish_reason)
+            TextChoice(
+                index=index,
+                text=outcome.text,
+                logprobs=None if top is None else text_logprobs_shape(outcome.logprobs or (), top),
+                finish_reason=outcome.finish_reason,
+            )
             for index, outcome in enumerate(choices)
         ],
         usage=_usage_shape(usage),
@@ -546,7 +454,14 @@ class TextChunkHeader:
     model: str
     include_usage: bool
 
-    def chunk(self, text: str | None, finish_reason: str | None = None, *, index: int = 0) -> dict[str, Any]:
+    def chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        *,
+        index: int = 0,
+        logprobs: CompletionLogprobs | None = None,
+    ) -> dict[str, Any]:
         """A chunk with one choice, or with none (the closing usage chunk) when `text` is None."""
         chunk = TextCompletionChunk(
             id=text_completion_id(self.request_id),
@@ -556,7 +471,7 @@ class TextChunkHeader:
             system_fingerprint=None,
             choices=[]
             if text is None
-            else [TextChoice(index=index, text=text, logprobs=None, finish_reason=finish_reason)],
+            else [TextChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish_reason)],
         )
         if self.include_usage:
             chunk.usage = None  # OpenAI: null on every chunk but the last

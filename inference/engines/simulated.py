@@ -145,14 +145,15 @@ def _stopped(tokens: list[str], stop: tuple[str, ...], min_tokens: int) -> tuple
 
 
 def _logprobs(token: str, top: int) -> tuple[TokenLogprob, ...]:
-    """`top` candidates (-1: all the simulation knows), the sampled token first as in vLLM."""
+    """The sampled token, then `top` more candidates (-1: all the simulation knows), as vLLM's
+    engine returns them."""
     encoded = list(token.encode())
     others = [word + " " for word in dict.fromkeys(_FILLER) if word + " " != token]
     candidates = [
         TopLogprob(token=token, logprob=0.0, bytes=encoded),
         *(TopLogprob(token=word, logprob=MIN_LOGPROB, bytes=list(word.encode())) for word in others),
     ]
-    shown = candidates if top == -1 else candidates[:top]
+    shown = candidates if top == -1 else candidates[: top + 1]
     return (TokenLogprob(token=token, logprob=0.0, bytes=encoded, top_logprobs=tuple(shown)),)
 
 

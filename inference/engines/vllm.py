@@ -171,9 +171,7 @@ class VllmEngine:
                         finish_reason=_finish_reason(completion.finish_reason) if output.finished else None,
                         logprobs=None
                         if request.sampling.logprobs is None
-                        else self._token_logprobs(
-                            completion.token_ids, completion.logprobs, request.sampling.logprobs
-                        ),
+                        else self._token_logprobs(completion.token_ids, completion.logprobs),
                     )
         except VllmEngineDeadError as exc:
             raise EngineDeadError(str(exc)) from exc
@@ -207,10 +205,12 @@ class VllmEngine:
         self._guard.stand_down()
 
     def _token_logprobs(
-        self, token_ids: Sequence[int], logprobs: SampleLogprobs | None, top: int
+        self, token_ids: Sequence[int], logprobs: SampleLogprobs | None
     ) -> tuple[TokenLogprob, ...]:
-        """vLLM's per-position logprobs in OpenAI's shape, as vLLM's own server writes them: the
-        sampled token first, then the `top` most likely (-1: all that were returned)."""
+        """vLLM's per-position logprobs, every candidate it returned in its order: the sampled
+        token first, then the `logprobs` most likely. Each API shape keeps as many of them as
+        vLLM's server does for it (chat: `top_logprobs` in all; text: the sampled one and
+        `logprobs` more)."""
         entries = []
         for position, token_id in enumerate(token_ids):
             candidates = (logprobs[position] if logprobs is not None else None) or {}
@@ -227,8 +227,7 @@ class VllmEngine:
                             logprob=max(candidate.logprob, MIN_LOGPROB),
                             bytes=list(text.encode("utf-8", errors="replace")),
                         )
-                        for rank, (candidate_id, candidate) in enumerate(candidates.items())
-                        if top == -1 or rank < top
+                        for candidate_id, candidate in candidates.items()
                     ),
                 )
             )

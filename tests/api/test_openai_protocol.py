@@ -275,6 +275,18 @@ def test_a_text_answer_has_no_tool_calls_field_and_logprobs_in_openai_shape():
     assert (second["index"], second["logprobs"], second["finish_reason"]) == (1, {"content": []}, "length")
 
 
+def test_a_chat_choice_keeps_top_logprobs_candidates_of_what_the_engine_gave():
+    # The engines give the sampled token and `top_logprobs` more, as vLLM's engine; chat shows
+    # the first `top_logprobs` of them, as vLLM's chat server.
+    entry = TokenLogprob("Hi", -0.25, None, (TopLogprob("Hi", -0.25, None), TopLogprob("Yo", -2.0, None)))
+    completion = _completion(
+        HELLO | {"logprobs": True, "top_logprobs": 1},
+        ChoiceOutcome(text="Hi", finish_reason="stop", logprobs=[entry]),
+    )
+    [token] = completion["choices"][0]["logprobs"]["content"]
+    assert token["top_logprobs"] == [{"token": "Hi", "logprob": -0.25, "bytes": None}]
+
+
 def test_a_tool_call_and_its_result_go_back_to_the_model_as_the_template_reads_them():
     request = chat_request_parse(
         HELLO

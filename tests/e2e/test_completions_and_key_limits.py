@@ -82,6 +82,23 @@ def test_a_text_completion_continues_the_raw_prompt_whole_and_streamed(stack):
     assert chunks[-1].usage.total_tokens == completion.usage.total_tokens
 
 
+def test_a_text_completion_takes_n_seeds_and_logprobs_as_vllm_s_completions_endpoint(stack):
+    client = _client(stack, stack.create_api_key("alice"))
+    completion = client.completions.create(
+        model="stable", prompt=PROMPT, max_tokens=16, n=2, seed=3, logprobs=2, presence_penalty=0.5
+    )
+    first, second = completion.choices
+    assert (first.index, second.index) == (0, 1)
+    assert first.text != second.text  # choice 1 samples with seed 4
+    for choice in (first, second):
+        logprobs = choice.logprobs
+        assert "".join(logprobs.tokens) == choice.text
+        assert logprobs.text_offset[1] == len(logprobs.tokens[0])
+        for token, top in zip(logprobs.tokens, logprobs.top_logprobs, strict=True):
+            assert token in top and len(top) <= 3  # the sampled token and 2 more
+    assert completion.usage.completion_tokens == 32
+
+
 def test_a_key_with_2_requests_a_minute_gets_429_on_the_third_call_with_openai_headers(stack):
     key = stack.create_api_key("alice")
     _limits_set(stack, key, requests="2")

@@ -121,12 +121,12 @@ def test_structured_output_is_json_valid_against_the_schema():
     assert json.loads(_text(_answer(structured=StructuredOutput(json_object=True)))) == {"simulated": True}
 
 
-def test_logprobs_are_certain_with_the_top_candidates_after_the_sampled_token():
+def test_logprobs_are_certain_with_that_many_candidates_after_the_sampled_token():
     deltas = _answer(max_tokens=3, logprobs=2)
     entries = [entry for delta in deltas for entry in delta.logprobs]
     assert [entry.token for entry in entries] == [delta.text for delta in deltas]
     assert all(entry.logprob == 0.0 for entry in entries)
-    assert all([top.logprob for top in entry.top_logprobs] == [0.0, -9999.0] for entry in entries)
+    assert all([top.logprob for top in entry.top_logprobs] == [0.0, -9999.0, -9999.0] for entry in entries)
     assert _answer(max_tokens=3)[0].logprobs is None
 
 

@@ -207,7 +207,10 @@ def test_logprobs_come_with_every_token_and_are_at_most_zero(vllm_engine: Engine
     assert "".join(entry.token for entry in entries) == _text(deltas)
     for entry in entries:
         assert entry.logprob <= 0
+        # The sampled token and the 3 most likely, as vLLM's engine returns them (once each: greedy
+        # samples the most likely one).
         assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].token == entry.token
         # Greedy: the sampled token is the most likely one.
         assert entry.logprob == max(top.logprob for top in entry.top_logprobs)
 
