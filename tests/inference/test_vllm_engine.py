@@ -19,7 +19,7 @@ import pytest
 from django.conf import settings
 
 from inference.engines.base import Delta, EngineDeadError, GenerationRequest
-from inference.engines.vllm import VllmEngine
+from inference.engines.vllm import VllmEngine, engine_args, server_flags
 from inference.model_prep import default_model_dir, prepare_model
 
 pytestmark = pytest.mark.vllm
@@ -183,3 +183,29 @@ def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -
             await _collect(engine, _request("after-death", "Hello", 4))
 
     vllm_engine.run(scenario())
+
+
+def test_vllm_serve_given_the_server_flags_builds_the_workers_engine():
+    """The differential tests compare the product with `vllm serve` started with these flags:
+    parsed by vLLM's own server, they must give the engine arguments the worker uses."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    def served(flags: list[str]) -> AsyncEngineArgs:
+        return AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(flags))
+
+    worker = engine_args(
+        model_path=settings.INFERENCE_MODEL, max_num_seqs=8, max_model_len=1024, gpu_memory_utilization=0.5
+    )
+    server = served(server_flags(worker))
+    # Where the server's own defaults differ from the dataclass's (LoRA, multimodal options), the
+    # worker keeps the dataclass's: none of them touches a text model's answers.
+    server_defaults, dataclass_defaults = vars(served([])), vars(AsyncEngineArgs())
+    own_defaults = {name for name, value in server_defaults.items() if dataclass_defaults[name] != value}
+    differing = {
+        name: (value, vars(server)[name])
+        for name, value in vars(worker).items()
+        if name not in own_defaults and vars(server)[name] != value
+    }
+    assert differing == {}
