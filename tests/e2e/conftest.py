@@ -73,9 +73,9 @@ def vllm_serve():
         engine_flags=server_flags(args),
         served_model_name=settings.INFERENCE_VARIANT,
         kv_cache_gib=settings.INFERENCE_KV_CACHE_GIB,
-        # vLLM forces a named tool choice with structured output, but only once some tool-call
-        # parser is set; `pythonic` reads no special tokens, so any tokenizer takes it.
-        server_flags=("--tool-call-parser", "pythonic"),
+        # vLLM forces a named or required tool choice with structured output, but only with a
+        # tool-call parser enabled; `pythonic` needs no special tokens, so any tokenizer takes it.
+        server_flags=("--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
     )
     server.start()
     try:
