@@ -82,7 +82,7 @@ test: install-vllm var/secret_key
 		--deselect "$(PG_OPEN_PROBLEM)" || status=1; \
 	exit $$status
 
-# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak` (docs/BENCHMARKS.md).
+# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak|peer|...` (docs/BENCHMARKS.md).
 bench: install-vllm model embedder var/secret_key
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench $(SCENARIO)

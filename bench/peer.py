@@ -87,6 +87,7 @@ def _client_args(
         *dataset_flags,
         "--num-prompts", str(prompts), "--max-concurrency", str(concurrency),
         "--temperature", "0", "--num-warmups", "1", "--disable-tqdm", "--seed", "0",
+        "--save-detailed",  # keeps the per-request timings in the result (no file without --save-result)
         *(["--header", *headers] if headers else []),
     ]  # fmt: skip
     return parser.parse_args(flags)

@@ -91,6 +91,13 @@ CASES = [
         marks=(not_yet("`top_k` is ignored"),),
     ),
     Case(
+        "ignore_eos",
+        # vLLM's extension: the answer runs to max_tokens past the end-of-sequence token.
+        {"temperature": 0, "ignore_eos": True, "max_tokens": 24},
+        messages=SHORT_ANSWER,
+        marks=(not_yet("`ignore_eos` is ignored"),),
+    ),
+    Case(
         "penalties",
         {"temperature": 0, "presence_penalty": 1.0, "frequency_penalty": 1.0, "max_tokens": 32},
         marks=(not_yet("`presence_penalty` and `frequency_penalty` are refused with 400"),),
