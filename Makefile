@@ -85,7 +85,7 @@ test: install-vllm var/secret_key
 	$(BIN)/python -m pytest --database postgres -m "not vllm and not browser and not multihost" || status=1; \
 	exit $$status
 
-# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak` (docs/BENCHMARKS.md).
+# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak|peer|...` (docs/BENCHMARKS.md).
 bench: install-vllm model embedder var/secret_key
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench $(SCENARIO)

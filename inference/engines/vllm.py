@@ -76,6 +76,39 @@ class _SnapshotStatLogger(StatLoggerBase):
         pass
 
 
+def engine_args(
+    *, model_path: str, max_num_seqs: int, max_model_len: int, gpu_memory_utilization: float
+) -> AsyncEngineArgs:
+    """The engine every worker runs. `vllm serve` started with `server_flags()` of the same
+    arguments runs the same engine: the differential tests and `bench peer` compare with it."""
+    on_gpu = current_platform.is_cuda_alike()
+    return AsyncEngineArgs(
+        model=model_path,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_chunked_prefill=True,
+        # CUDA graphs and torch.compile only pay off on a GPU; on CPU they slow the start.
+        enforce_eager=not on_gpu,
+        # The worker's heartbeat reports load; vLLM's periodic log lines would repeat it.
+        disable_log_stats=True,
+    )
+
+
+def server_flags(args: AsyncEngineArgs) -> list[str]:
+    """`args` as flags of vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`).
+    Its KV cache on CPU comes from VLLM_CPU_KVCACHE_SPACE, as the worker's does."""
+    return [
+        "--model", args.model,
+        "--max-num-seqs", str(args.max_num_seqs),
+        "--max-model-len", str(args.max_model_len),
+        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+        "--enable-chunked-prefill" if args.enable_chunked_prefill else "--no-enable-chunked-prefill",
+        "--enforce-eager" if args.enforce_eager else "--no-enforce-eager",
+        *(["--disable-log-stats"] if args.disable_log_stats else []),
+    ]  # fmt: skip
+
+
 class VllmEngine:
     """One AsyncLLM per worker process; its engine core runs in child processes vLLM spawns."""
 
@@ -105,16 +138,11 @@ class VllmEngine:
         if not self._on_gpu:
             # vllm-cpu sizes its KV cache from this variable and lets it override engine args.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_space_gib)
-        engine_args = AsyncEngineArgs(
-            model=self.model_path,
+        args = engine_args(
+            model_path=self.model_path,
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            enable_chunked_prefill=True,
-            # CUDA graphs and torch.compile only pay off on a GPU; on CPU they slow the start.
-            enforce_eager=not self._on_gpu,
-            # The worker's heartbeat reports load; vLLM's periodic log lines would repeat it.
-            disable_log_stats=True,
         )
         # A dead worker's engine would hold the memory this one is about to claim.
         await asyncio.to_thread(orphaned_engines_end)
@@ -125,7 +153,7 @@ class VllmEngine:
         # a thread keeps this process's event loop (heartbeats, other consumers) responsive.
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args,
-            engine_args,
+            args,
             stat_loggers=[partial(_SnapshotStatLogger, snapshot=self._snapshot)],
         )
         self._engine_processes = [
