@@ -293,15 +293,17 @@ class _ChoiceStream:
         self.request = request
         self.answer = AnswerFold()
         self._named_tool_started = False
-
-    def opening(self) -> list[dict[str, Any]]:
-        """The role chunk every choice starts with."""
-        return [self.header.chunk(ChoiceDelta(role="assistant", content=""), index=self.index)]
+        self._opened = False
 
     def chunks(self) -> list[dict[str, Any]]:
         """The chunks for what arrived since the last call: text (or a named tool call's
-        arguments) with its logprobs, then the closing chunk once the choice has finished."""
+        arguments) with its logprobs, then the closing chunk once the choice has finished. The
+        role chunk opens the choice with its first token, as vLLM's server sends it: a client
+        timing the first chunk times the first token, not the admission."""
         chunks = []
+        if not self._opened and (self.answer.has_tokens or isinstance(self.answer.end, Done)):
+            chunks.append(self.header.chunk(ChoiceDelta(role="assistant", content=""), index=self.index))
+            self._opened = True
         choice = self.request.tool_choice
         # "required" calls are sent whole once complete: until then nothing is taken (and a
         # restart before the end is carried on, as nothing went out).
@@ -324,7 +326,7 @@ class _ChoiceStream:
         if isinstance(end, Done) and end.finish_reason != "cancelled":
             finish_reason = end.finish_reason
             if choice == "required":
-                calls = required_tool_calls(self.answer.text)
+                calls = required_tool_calls(self.answer.text, as_written=True)
                 if calls:
                     chunks.append(self.header.chunk(tool_calls_delta(calls), index=self.index))
                 if finish_reason == "stop":
@@ -343,9 +345,6 @@ class _TextChoiceStream:
         self.logprobs = logprobs
         self.answer = AnswerFold()
         self._text_offset = 0  # where the next chunk's first token starts in the answer
-
-    def opening(self) -> list[dict[str, Any]]:
-        return []  # no role to announce: the first chunk carries text
 
     def chunks(self) -> list[dict[str, Any]]:
         chunks = []
@@ -391,9 +390,6 @@ async def completion_stream(submitted: SubmittedCompletion) -> AsyncIterator[byt
             )
             for index, request_id in enumerate(submitted.request_ids)
         }
-        for choice in choices:
-            for chunk in choice.opening():
-                yield _json(chunk)
         while following:
             left_s = deadline - loop.time()
             if left_s <= 0:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -312,19 +313,59 @@ def text_logprobs_shape(
     return shape
 
 
-def required_tool_calls(text: str) -> list[ToolCall]:
+_JSON = json.JSONDecoder()
+_WHITESPACE = re.compile(r"\s*")
+
+
+def _written_parameters(text: str) -> list[str | None]:
+    """Each call's `parameters` as the model wrote them, whitespace kept, in a JSON list of
+    {name, parameters} objects already known to be valid."""
+
+    def skip(position: int) -> int:
+        match = _WHITESPACE.match(text, position)
+        assert match is not None  # \s* always matches
+        return match.end()
+
+    written: list[str | None] = []
+    position = skip(skip(0) + 1)  # past "["
+    while text[position : position + 1] == "{":
+        position = skip(position + 1)
+        parameters = None
+        while text[position : position + 1] == '"':
+            key, position = _JSON.raw_decode(text, position)
+            start = skip(skip(position) + 1)  # past ":"
+            _, position = _JSON.raw_decode(text, start)
+            if key == "parameters":
+                parameters = text[start:position]
+            position = skip(position)
+            if text[position : position + 1] == ",":
+                position = skip(position + 1)
+        written.append(parameters)
+        position = skip(position + 1)  # past "}"
+        if text[position : position + 1] == ",":
+            position = skip(position + 1)
+    return written
+
+
+def required_tool_calls(text: str, *, as_written: bool = False) -> list[ToolCall]:
     """The calls in a "required" answer (a JSON list of {name, parameters}); none when the text
-    is not such a list (cut short by max_tokens), as vLLM's server answers then."""
+    is not such a list (cut short by max_tokens), as vLLM's server answers then. Arguments are
+    the parameters re-encoded, as vLLM's whole answer gives them, or `as_written` by the model,
+    as vLLM's stream gives them."""
     try:
         called = _CALLED_FUNCTIONS.validate_json(text)
     except ValidationError:
         return []
+    written = _written_parameters(text) if as_written else [None] * len(called)
     return [
         ToolCall(
             id=tool_call_id(),
-            function=FunctionCall(name=call.name, arguments=json.dumps(call.parameters, ensure_ascii=False)),
+            function=FunctionCall(
+                name=call.name,
+                arguments=raw if raw is not None else json.dumps(call.parameters, ensure_ascii=False),
+            ),
         )
-        for call in called
+        for call, raw in zip(called, written, strict=True)
     ]
 
 

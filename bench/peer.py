@@ -7,10 +7,10 @@ a neighbour's burst on a shared machine lands on either side. Greedy sampling on
 prompts give the same answers, so both do the same work (the random dataset aside, see below).
 
 Time to first token is read two ways. vLLM's client counts it at the first chunk with a
-choice; vLLM sends that chunk (the assistant's role) with the first token, the product as soon
-as the request is admitted. So the product's figure by vLLM's count is its admission time, and
-the comparable one is the time to the first chunk with text, computed here for both from the
-client's own per-request timings (`ttft_to_text`).
+choice, which both servers send (the assistant's role) with the first token, the text right
+after it; the time to the first chunk with text is also computed, for both, from the client's
+own per-request timings (`ttft_to_text`), the figure the recorded runs compare (they predate
+the product sending its role chunk with the first token rather than on admission).
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def _client_args(
 def ttft_to_text(result: dict[str, Any]) -> list[float]:
     """Per request, seconds to the first chunk with text. On both servers the first chunk holds
     the role alone and the second the first text, so it is the client's TTFT (first chunk) plus
-    its first inter-chunk gap; on vLLM that gap is microseconds (the two are sent together)."""
+    its first inter-chunk gap: microseconds, as both send the two together."""
     return [
         ttft + (itls[0] if itls else 0.0)
         for ttft, itls, error in zip(result["ttfts"], result["itls"], result["errors"], strict=True)

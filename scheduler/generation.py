@@ -405,6 +405,11 @@ class AnswerFold:
     def finished(self) -> bool:
         return self.end is not None
 
+    @property
+    def has_tokens(self) -> bool:
+        """Some of the answer has been written (since the last reset)."""
+        return bool(self._parts)
+
     def unsent_tokens(self) -> list[Token]:
         """The token events added since the last call."""
         new = self._parts[self._sent :]

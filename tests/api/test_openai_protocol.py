@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from api.openai_shapes import ApiError, ChoiceOutcome, chat_request_parse, completion_object
+from api.openai_shapes import (
+    ApiError,
+    ChoiceOutcome,
+    chat_request_parse,
+    completion_object,
+    required_tool_calls,
+)
 from scheduler.generation import SamplingParams, StructuredOutput, TokenLogprob, TopLogprob, Usage
 
 HELLO = {"model": "stable", "messages": [{"role": "user", "content": "Where is my order?"}]}
@@ -312,4 +318,17 @@ def test_a_tool_call_and_its_result_go_back_to_the_model_as_the_template_reads_t
         {"role": "user", "content": "Where is order A1?"},
         {"role": "assistant", "content": ""},
         {"role": "tool", "content": "Shipped on Monday."},
+    ]
+
+
+def test_required_calls_give_their_arguments_re_encoded_or_as_the_model_wrote_them():
+    # vLLM's whole answer re-encodes each call's parameters; its stream sends them as written.
+    text = (
+        '[{"name": "order_status", "parameters": {\n  "order_id": "A}1"\n}},'
+        ' {"parameters": {}, "name": "refund"}]'
+    )
+    assert [call.function.arguments for call in required_tool_calls(text)] == ['{"order_id": "A}1"}', "{}"]
+    assert [call.function.arguments for call in required_tool_calls(text, as_written=True)] == [
+        '{\n  "order_id": "A}1"\n}',
+        "{}",
     ]

@@ -73,8 +73,10 @@ def vllm_serve():
         engine_flags=server_flags(args),
         served_model_name=settings.INFERENCE_VARIANT,
         kv_cache_gib=settings.INFERENCE_KV_CACHE_GIB,
-        # vLLM forces a named or required tool choice with structured output, but only with a
-        # tool-call parser enabled; `pythonic` needs no special tokens, so any tokenizer takes it.
+        # vLLM answers a named or "required" tool choice with `tool_calls` only when a tool-call
+        # parser is enabled. `pythonic` forces those choices as the product does (the JSON schema
+        # of vLLM's tool-call structured output, no structural tag) and needs no special tokens;
+        # the "auto" it also enables is a 400 on the product (a documented deviation).
         server_flags=("--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
     )
     server.start()

@@ -1,8 +1,9 @@
 """What two OpenAI-compatible servers must agree on, read from their raw responses: the
 differential tests send one request to the product and to `vllm serve` and compare these views.
 
-A view keeps what a client reads (model, role, content, tool calls, logprobs, finish reason,
-usage; for a stream the concatenated deltas, the finish reasons and the usage chunks) and leaves
+A view keeps what a client reads (model, role, content or text, tool calls, logprobs, finish
+reason, usage; for a stream the concatenated deltas, the finish reasons and the usage chunks),
+for chat completions and text completions alike, and leaves
 out what differs by nature (ids, timestamps, `system_fingerprint`) and vLLM's own extensions
 (`stop_reason`, `token_ids`, `prompt_logprobs`...).
 """
@@ -48,22 +49,42 @@ def _logprobs(logprobs: dict[str, Any] | None) -> list[dict[str, Any]] | None:
     ]
 
 
+def _text_logprobs(logprobs: dict[str, Any] | None) -> dict[str, list[Any]] | None:
+    """A text choice's logprobs; each position's candidates as sorted (token, logprob) pairs."""
+    if logprobs is None:
+        return None
+    return {
+        "tokens": logprobs["tokens"],
+        "token_logprobs": logprobs["token_logprobs"],
+        "top_logprobs": [sorted((top or {}).items()) for top in logprobs["top_logprobs"]],
+        "text_offset": logprobs["text_offset"],
+    }
+
+
+def _whole_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    if "message" not in choice:  # a text completion's
+        return {
+            "index": choice["index"],
+            "text": choice["text"],
+            "logprobs": _text_logprobs(choice.get("logprobs")),
+            "finish_reason": choice["finish_reason"],
+        }
+    return {
+        "index": choice["index"],
+        "role": choice["message"]["role"],
+        "content": choice["message"].get("content"),
+        "tool_calls": _tool_calls(choice["message"].get("tool_calls")),
+        "logprobs": _logprobs(choice.get("logprobs")),
+        "finish_reason": choice["finish_reason"],
+    }
+
+
 def whole_view(body: dict[str, Any]) -> dict[str, Any]:
-    """The comparable part of a `chat.completion` object."""
+    """The comparable part of a `chat.completion` or `text_completion` object."""
     return {
         "object": body["object"],
         "model": body["model"],
-        "choices": [
-            {
-                "index": choice["index"],
-                "role": choice["message"]["role"],
-                "content": choice["message"].get("content"),
-                "tool_calls": _tool_calls(choice["message"].get("tool_calls")),
-                "logprobs": _logprobs(choice.get("logprobs")),
-                "finish_reason": choice["finish_reason"],
-            }
-            for choice in sorted(body["choices"], key=lambda c: c["index"])
-        ],
+        "choices": [_whole_choice(choice) for choice in sorted(body["choices"], key=lambda c: c["index"])],
         "usage": _usage(body.get("usage")),
     }
 
@@ -76,9 +97,37 @@ def sse_chunks(text: str) -> list[dict[str, Any]]:
     return [json.loads(payload) for payload in payloads[:-1]]
 
 
+def _text_stream_choices(chunks: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    choices: dict[int, dict[str, Any]] = {}
+    for chunk in chunks:
+        for choice in chunk["choices"]:
+            view = choices.setdefault(choice["index"], {"text": "", "logprobs": None, "finish_reasons": []})
+            view["text"] += choice.get("text") or ""
+            logprobs = _text_logprobs(choice.get("logprobs"))
+            if logprobs is not None:
+                view["logprobs"] = view["logprobs"] or {name: [] for name in logprobs}
+                for name, values in logprobs.items():
+                    view["logprobs"][name] += values
+            if choice.get("finish_reason") is not None:
+                view["finish_reasons"].append(choice["finish_reason"])
+    return choices
+
+
 def stream_view(chunks: list[dict[str, Any]]) -> dict[str, Any]:
-    """The comparable part of a stream of `chat.completion.chunk` objects: per choice, what the
-    deltas add up to; and the usage chunks (choices empty) the stream ended with."""
+    """The comparable part of a stream of `chat.completion.chunk` (or `text_completion`)
+    objects: per choice, what the deltas add up to; and the usage chunks (choices empty) the
+    stream ended with."""
+    if {chunk["object"] for chunk in chunks} == {"text_completion"}:
+        return {
+            "objects": ["text_completion"],
+            "models": sorted({chunk["model"] for chunk in chunks}),
+            "choices": [
+                {**view, "index": index} for index, view in sorted(_text_stream_choices(chunks).items())
+            ],
+            "usage_chunks": [
+                _usage(chunk["usage"]) for chunk in chunks if not chunk["choices"] and chunk.get("usage")
+            ],
+        }
     choices: dict[int, dict[str, Any]] = {}
     for chunk in chunks:
         for choice in chunk["choices"]:

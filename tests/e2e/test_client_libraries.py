@@ -1,9 +1,6 @@
 """Real client libraries against /v1 (simulated engine): the official `openai` client and
-LangChain's `ChatOpenAI`, as people point them at an OpenAI-compatible server.
-
-JSON mode and tool calls are strict xfails until /v1 honours them: today they are refused with
-400 (`openai.BadRequestError`, which LangChain lets through). When support lands, the simulated
-engine must give an answer these clients can parse, or the tests fail for that instead.
+LangChain's `ChatOpenAI`, as people point them at an OpenAI-compatible server, including JSON
+mode and a named tool choice, whose simulated answers these clients must be able to parse.
 """
 
 from __future__ import annotations
@@ -34,10 +31,6 @@ ORDER_TOOL = {
 }
 
 
-def not_yet(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=openai.BadRequestError, reason=reason)
-
-
 @pytest.fixture(scope="module")
 def api_key(stack) -> str:
     return stack.create_api_key("victor")
@@ -60,7 +53,6 @@ def langchain_model(stack, api_key) -> ChatOpenAI:
     )
 
 
-@not_yet("`response_format` is refused with 400")
 def test_openai_json_mode_answers_a_json_object(openai_client):
     completion = openai_client.chat.completions.create(
         model="stable",
@@ -71,7 +63,6 @@ def test_openai_json_mode_answers_a_json_object(openai_client):
     assert isinstance(json.loads(completion.choices[0].message.content), dict)
 
 
-@not_yet("`tools` are refused with 400")
 def test_openai_a_named_tool_choice_answers_a_call_of_that_tool(openai_client):
     completion = openai_client.chat.completions.create(
         model="stable",
@@ -114,13 +105,11 @@ def test_langchain_async_stream_yields_the_same_answer(langchain_model):
     assert "".join(chunk.content for chunk in chunks).startswith(ECHO)
 
 
-@not_yet("`response_format` is refused with 400")
 def test_langchain_json_mode_parses_the_answer(langchain_model):
     structured = langchain_model.bind(max_tokens=32).with_structured_output(method="json_mode")
     assert isinstance(structured.invoke("Give the order id 12345 as JSON."), dict)
 
 
-@not_yet("`tools` are refused with 400")
 def test_langchain_bound_tool_answers_a_tool_call(langchain_model):
     with_tool = langchain_model.bind_tools([ORDER_TOOL], tool_choice="order_status")
     message = with_tool.invoke("Where is my order 12345?")

@@ -1,17 +1,26 @@
-"""The product's /v1/chat/completions against `vllm serve` on the same model and engine: each
-request of the table below goes to both, whole, streamed, and streamed with usage, and the
-answers must agree field by field (`tests/e2e/openai_diff.py` says which fields).
+"""The product's /v1/chat/completions and /v1/completions against `vllm serve` on the same
+model and engine: each request of the table below goes to both, whole, streamed, and streamed
+with usage, and the answers must agree field by field (`tests/e2e/openai_diff.py` says which
+fields).
 
-A parameter the product does not honour yet is a case marked xfail(strict): it fails today
-because the product refuses or ignores it, and the marker must go when support lands (a strict
-xfail that passes fails the suite). A request the peer itself refuses is an error, not an
-expected failure: the table would be wrong.
+A parameter the product does not honour yet is a case marked xfail(strict): it fails while the
+product refuses or ignores it, and the marker must go when support lands (a strict xfail that
+passes fails the suite; markers use `raises=AssertionError`, so that a peer refusal still shows
+as an error); none is left today. A request the peer itself refuses is an error, not
+an expected failure: the table would be wrong.
 
 Deliberate deviations, outside the compared fields:
-- defaults: without `max_tokens` the product answers at most GENERATION_MAX_TOKENS tokens and
-  samples at GENERATION_TEMPERATURE, where vLLM fills the context at temperature 1;
-- a stream's first chunk (the assistant's role) is sent once the request is admitted, before the
-  first token, and the finish reason comes in a chunk of its own after the last text;
+- defaults: without `max_tokens` a chat answer has at most GENERATION_MAX_TOKENS tokens, and
+  without `temperature` or `top_p` the product samples at GENERATION_TEMPERATURE and
+  GENERATION_TOP_P, where vLLM fills the context at temperature 1 and top_p 1 (a text
+  completion's `max_tokens` defaults to 16 on both);
+- `tool_choice: "auto"` (and tools without a tool_choice) is a 400: the served model has no
+  tool-call format, so there is no parser to find calls in free text. The peer runs with a tool
+  parser only because vLLM needs one to answer a named or "required" choice with `tool_calls`:
+  `pythonic`, one that forces those choices with the JSON schema of vLLM's own tool-call
+  structured output (as the product does) and needs no special tokens in the tokenizer;
+- in a stream the finish reason comes in a chunk of its own after the last text (vLLM puts it
+  on the chunk with the last text), and a "required" choice's calls come whole once complete;
 - `system_fingerprint` is null, and vLLM's extensions (`stop_reason`, `token_ids`...) are absent.
 """
 
@@ -35,6 +44,7 @@ CONVERSATION = [
     {"role": "user", "content": "Yes, it is 12345. Where is it?"},
 ]
 SHORT_ANSWER = [{"role": "user", "content": "Reply with the single word: yes."}]
+PROMPT = "Dear customer, thank you for your order. Your parcel"
 ORDER_TOOL = {
     "type": "function",
     "function": {
@@ -50,17 +60,12 @@ ORDER_TOOL = {
 TIMEOUT_S = 120.0
 
 
-def not_yet(reason: str) -> pytest.MarkDecorator:
-    """A parameter the product does not honour yet; AssertionError only, so that a peer that
-    refuses the request (PeerRefused) still shows as an error."""
-    return pytest.mark.xfail(strict=True, raises=AssertionError, reason=reason)
-
-
 @dataclass(frozen=True)
 class Case:
     id: str
     body: dict[str, Any]
     messages: list[dict[str, Any]] = field(default_factory=lambda: QUESTION)
+    prompt: str | None = None  # a text completion's (then `messages` is not sent)
     marks: tuple[pytest.MarkDecorator, ...] = ()
     # A stream without usage differs from one with it by the last chunk alone: one case checks it.
     modes: tuple[str, ...] = ("whole", "stream_with_usage")
@@ -74,44 +79,22 @@ CASES = [
     Case("stop_string", {"temperature": 0, "max_tokens": 48, "stop": " password"}),
     Case("stop_list", {"temperature": 0, "max_tokens": 48, "stop": ["zzz", ","]}),
     Case("top_p_under_greedy", {"temperature": 0, "top_p": 0.5, "max_tokens": 16}),
-    Case(
-        "seed",
-        {"temperature": 1.0, "seed": 1234, "max_tokens": 24},
-        marks=(not_yet("`seed` is refused with 400"),),
-    ),
-    Case(
-        "n",
-        {"temperature": 1.0, "seed": 7, "n": 2, "max_tokens": 16},
-        marks=(not_yet("`n` > 1 is refused with 400"),),
-    ),
-    Case(
-        "top_k",
-        # top_k=1 is greedy whatever the temperature; the product ignores top_k and samples at 1.5.
-        {"temperature": 1.5, "top_k": 1, "max_tokens": 24},
-        marks=(not_yet("`top_k` is ignored"),),
-    ),
-    Case(
-        "ignore_eos",
-        # vLLM's extension: the answer runs to max_tokens past the end-of-sequence token.
-        {"temperature": 0, "ignore_eos": True, "max_tokens": 24},
-        messages=SHORT_ANSWER,
-        marks=(not_yet("`ignore_eos` is ignored"),),
-    ),
+    # Sampled cases name top_p: the product's default (GENERATION_TOP_P) is not vLLM's 1.
+    Case("seed", {"temperature": 1.0, "top_p": 1.0, "seed": 1234, "max_tokens": 24}),
+    Case("n", {"temperature": 1.0, "top_p": 1.0, "seed": 7, "n": 2, "max_tokens": 16}),
+    # top_k=1 is greedy whatever the temperature.
+    Case("top_k", {"temperature": 1.5, "top_k": 1, "max_tokens": 24}),
+    # vLLM's extension: the answer runs to max_tokens past the end-of-sequence token.
+    Case("ignore_eos", {"temperature": 0, "ignore_eos": True, "max_tokens": 24}, messages=SHORT_ANSWER),
     Case(
         "penalties",
         {"temperature": 0, "presence_penalty": 1.0, "frequency_penalty": 1.0, "max_tokens": 32},
-        marks=(not_yet("`presence_penalty` and `frequency_penalty` are refused with 400"),),
     ),
-    Case(
-        "logprobs",
-        {"temperature": 0, "logprobs": True, "top_logprobs": 3, "max_tokens": 8},
-        marks=(not_yet("`logprobs` is refused with 400"),),
-    ),
+    Case("logprobs", {"temperature": 0, "logprobs": True, "top_logprobs": 3, "max_tokens": 8}),
     Case(
         "json_mode",
         {"temperature": 0, "response_format": {"type": "json_object"}, "max_tokens": 32},
         messages=[{"role": "user", "content": "Give the order id 12345 as JSON."}],
-        marks=(not_yet("`response_format` is refused with 400"),),
     ),
     Case(
         "named_tool_call",
@@ -122,7 +105,22 @@ CASES = [
             "max_tokens": 32,
         },
         messages=[{"role": "user", "content": "Where is my order 12345?"}],
-        marks=(not_yet("`tools` are refused with 400"),),
+    ),
+    Case(
+        "required_tool_call",
+        {"temperature": 0, "tools": [ORDER_TOOL], "tool_choice": "required", "max_tokens": 48},
+        messages=[{"role": "user", "content": "Where is my order 12345?"}],
+    ),
+    # /v1/completions: a raw prompt, no chat template.
+    Case("text_greedy", {"temperature": 0, "max_tokens": 24}, prompt=PROMPT),
+    Case("text_default_max_tokens", {"temperature": 0}, prompt=PROMPT),
+    Case("text_stop", {"temperature": 0, "max_tokens": 48, "stop": [","]}, prompt=PROMPT),
+    Case("text_logprobs", {"temperature": 0, "logprobs": 2, "max_tokens": 8}, prompt=PROMPT),
+    Case("text_n", {"temperature": 1.0, "top_p": 1.0, "seed": 7, "n": 2, "max_tokens": 16}, prompt=PROMPT),
+    Case(
+        "text_sampling",
+        {"temperature": 0, "repetition_penalty": 1.3, "min_tokens": 20, "max_tokens": 24},
+        prompt=PROMPT,
     ),
 ]
 
@@ -147,19 +145,22 @@ def endpoints(vllm_serve, vllm_stack) -> tuple[Endpoint, Endpoint]:
     )
 
 
-def _request(case: Case, mode: str) -> dict[str, Any]:
-    body = {"model": "stable", "messages": case.messages, **case.body}
+def _request(case: Case, mode: str) -> tuple[str, dict[str, Any]]:
+    """The endpoint and the body."""
+    if case.prompt is not None:
+        path, body = "/v1/completions", {"model": "stable", "prompt": case.prompt, **case.body}
+    else:
+        path, body = "/v1/chat/completions", {"model": "stable", "messages": case.messages, **case.body}
     if mode != "whole":
         body["stream"] = True
     if mode == "stream_with_usage":
         body["stream_options"] = {"include_usage": True}
-    return body
+    return path, body
 
 
-def _view(endpoint: Endpoint, body: dict[str, Any]) -> tuple[int, Any]:
-    response = httpx.post(
-        f"{endpoint.base_url}/v1/chat/completions", json=body, headers=endpoint.headers, timeout=TIMEOUT_S
-    )
+def _view(endpoint: Endpoint, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    url = f"{endpoint.base_url}{path}"
+    response = httpx.post(url, json=body, headers=endpoint.headers, timeout=TIMEOUT_S)
     if response.status_code != 200:
         return response.status_code, response.text
     if body.get("stream"):
@@ -177,10 +178,10 @@ def _view(endpoint: Endpoint, body: dict[str, Any]) -> tuple[int, Any]:
 )
 def test_the_product_answers_as_vllm_serve_does(endpoints, case: Case, mode: str):
     product, peer = endpoints
-    body = _request(case, mode)
-    peer_status, peer_view = _view(peer, body)
+    path, body = _request(case, mode)
+    peer_status, peer_view = _view(peer, path, body)
     if peer_status != 200:
         raise PeerRefused(f"vllm serve answered {peer_status}: {peer_view}")
-    product_status, product_view = _view(product, body)
+    product_status, product_view = _view(product, path, body)
     assert product_status == 200, f"the product answered {product_status}: {product_view}"
     assert differences(product_view, peer_view) == [], (product_view, peer_view)
