@@ -231,6 +231,21 @@ def test_a_json_schema_constrains_the_answer(vllm_engine: EngineOnLoop) -> None:
     jsonschema.validate(answer, schema)
 
 
+def test_a_raw_prompt_is_continued_without_the_chat_template(vllm_engine: EngineOnLoop) -> None:
+    prompt = "1, 2, 3, 4, 5, 6,"
+    raw = GenerationRequest(
+        request_id="raw-prompt",
+        messages=[],
+        prompt=prompt,
+        sampling=SamplingParams(max_tokens=8, temperature=0.0, top_p=1.0),
+    )
+    deltas = vllm_engine.run(_collect(vllm_engine.engine, raw))
+    assert "7" in "".join(d.text for d in deltas)
+    tokenizer = Tokenizer.from_file(str(Path(vllm_engine.engine.model_path) / "tokenizer.json"))
+    # The prompt's own tokens only: no system turn, no role markers.
+    assert deltas[-1].prompt_tokens == len(tokenizer.encode(prompt).ids)
+
+
 def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -> None:
     """Runs last in this module: it kills the shared engine's core process."""
     engine = vllm_engine.engine
@@ -248,21 +263,6 @@ def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -
             await _collect(engine, _request("after-death", "Hello", 4))
 
     vllm_engine.run(scenario())
-
-
-def test_a_raw_prompt_is_continued_without_the_chat_template(vllm_engine: EngineOnLoop) -> None:
-    prompt = "1, 2, 3, 4, 5, 6,"
-    raw = GenerationRequest(
-        request_id="raw-prompt",
-        messages=[],
-        prompt=prompt,
-        sampling=SamplingParams(max_tokens=8, temperature=0.0, top_p=1.0),
-    )
-    deltas = vllm_engine.run(_collect(vllm_engine.engine, raw))
-    assert "7" in "".join(d.text for d in deltas)
-    tokenizer = Tokenizer.from_file(str(Path(vllm_engine.engine.model_path) / "tokenizer.json"))
-    # The prompt's own tokens only: no system turn, no role markers.
-    assert deltas[-1].prompt_tokens == len(tokenizer.encode(prompt).ids)
 
 
 def test_vllm_serve_given_the_server_flags_builds_the_workers_engine():
