@@ -70,6 +70,21 @@ def test_a_job_with_every_sampling_parameter_decodes_to_what_was_encoded():
     assert GenerationJob.decode(job.encode()) == job
 
 
+def test_a_text_completion_job_keeps_its_raw_prompt():
+    job = GenerationJob(
+        request_id="5d0c7f0e-0000-4000-8000-000000000002",
+        origin=Origin.API,
+        messages=[],
+        sampling=SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0),
+        client_id="key:7",
+        tier=Tier.NORMAL,
+        variant="stable",
+        disconnect_grace_s=30.0,
+        prompt="<|im_start|>user\nOnce upon a time",
+    )
+    assert GenerationJob.decode(job.encode()) == job
+
+
 @pytest.mark.parametrize(
     "body",
     [
