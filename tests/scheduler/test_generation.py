@@ -30,7 +30,7 @@ from scheduler.generation import (
 from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.services import GenerationOutcome, generation_finish
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 
 def test_a_job_decodes_to_what_was_encoded():
@@ -79,6 +79,7 @@ def test_a_text_completion_job_keeps_its_raw_prompt():
         client_id="key:7",
         tier=Tier.NORMAL,
         variant="stable",
+        model=MODEL,
         disconnect_grace_s=30.0,
         prompt="<|im_start|>user\nOnce upon a time",
     )
