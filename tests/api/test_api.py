@@ -12,6 +12,7 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, override_settings
 
 from api import keys as api_keys
+from api.models import ApiKey
 from chat.models import User
 from knowledge import cache as answer_cache
 from scheduler import keys, workers
@@ -608,4 +609,23 @@ def test_a_call_of_several_choices_is_never_answered_from_the_result_cache(key):
     # ...but n choices are n answers the model writes: every one is queued.
     assert _post(Client(), key, body | {"n": 2}).status_code == 200
     assert len(worker_double.queued("normal")) == 3
+    answer_cache._index.forget()
+
+
+def test_an_answer_from_the_result_cache_still_counts_against_the_key_s_limits(key):
+    answer_cache._index.forget()
+    ApiKey.objects.update(requests_per_minute=2)
+    body = HELLO | {"stream": True, "temperature": 0.7}
+    assert _post(Client(), key, body).status_code == 200
+    [first] = worker_double.queued("normal")
+    worker_double.answer(first["request_id"], "It left our warehouse today.")
+
+    cached = _post(Client(), key, body)
+    assert cached.status_code == 200
+    assert Generation.objects.filter(cache="exact").count() == 1
+    assert cached["x-ratelimit-remaining-requests"] == "0"
+    refused = _post(Client(), key, body)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert Generation.objects.filter(cache="exact").count() == 1
     answer_cache._index.forget()
