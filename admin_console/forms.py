@@ -10,6 +10,7 @@ from django.core.exceptions import ValidationError
 
 from admin_console.models import CanaryRollout, validate_canary_steps
 from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS, VARIANT_FIELDS
+from api.models import ApiKey
 from chat.models import ACCOUNT_TIER_CHOICES, User
 from knowledge.models import Article
 from scheduler.models import TierPolicy, Variant
@@ -175,6 +176,13 @@ class ApiKeyCreateForm(forms.Form):
             return User.objects.get(username=self.cleaned_data["owner"])
         except User.DoesNotExist as exc:
             raise forms.ValidationError("There is no account with this username.") from exc
+
+
+class ApiKeyLimitsForm(forms.ModelForm):
+    class Meta:
+        model = ApiKey
+        fields = ("requests_per_minute", "tokens_per_minute")
+        labels = {"requests_per_minute": "Requests/min", "tokens_per_minute": "Tokens/min"}
 
 
 class ArticleForm(forms.ModelForm):

@@ -29,6 +29,7 @@ class AuditLog(models.Model):
         WARM_SPARES = "worker.spares", "Warm spares changed"
         API_KEY_CREATE = "api_key.create", "API key issued"
         API_KEY_REVOKE = "api_key.revoke", "API key revoked"
+        API_KEY_LIMITS = "api_key.limits", "API key limits changed"
         ARTICLE_CREATE = "article.create", "Help article created"
         ARTICLE_UPDATE = "article.update", "Help article edited"
         ARTICLE_RETIRE = "article.retire", "Help article retired"

@@ -1,5 +1,5 @@
 """Writes for the console: rate-limit policies, model variants, pinned answers, the canary,
-worker drains, API keys, help articles.
+worker drains, API keys and their limits, help articles.
 
 Every change lands in the audit log (who, when, before, after) and reaches the scheduler's
 Redis mirror right after it commits, so it applies within a second without a restart.
@@ -569,6 +569,13 @@ def _api_key_values(api_key: ApiKey) -> dict[str, Any]:
     }
 
 
+def _api_key_limit_values(api_key: ApiKey) -> dict[str, Any]:
+    return {
+        "requests_per_minute": api_key.requests_per_minute,
+        "tokens_per_minute": api_key.tokens_per_minute,
+    }
+
+
 def api_key_create(*, actor: User | None, owner: User, name: str = "", tier: str = "") -> IssuedApiKey:
     with transaction.atomic():
         issued = api_keys.api_key_create(owner=owner, name=name, tier=tier)
@@ -598,6 +605,34 @@ def api_key_revoke(*, actor: User | None, api_key: ApiKey) -> bool:
                 unattended_by=COMMAND_LINE_ACTOR_NAME,
             )
     return revoked
+
+
+def api_key_limits_set(
+    *, actor: User | None, api_key: ApiKey, requests_per_minute: int | None, tokens_per_minute: int | None
+) -> bool:
+    """Set the key's own limits (None: unlimited); they apply to its next request, since
+    admission reads them from the key each time. False when nothing changed. Raises
+    ValidationError."""
+    with transaction.atomic():
+        locked = ApiKey.objects.select_for_update().get(pk=api_key.pk)
+        before = _api_key_limit_values(locked)
+        locked.requests_per_minute = requests_per_minute
+        locked.tokens_per_minute = tokens_per_minute
+        locked.full_clean(validate_unique=False, validate_constraints=False)
+        after = _api_key_limit_values(locked)
+        if after == before:
+            return False
+        locked.save(update_fields=["requests_per_minute", "tokens_per_minute"])
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.API_KEY_LIMITS,
+            target=locked.prefix,
+            before=before,
+            after=after,
+            unattended_by=COMMAND_LINE_ACTOR_NAME,
+        )
+    api_key.requests_per_minute, api_key.tokens_per_minute = requests_per_minute, tokens_per_minute
+    return True
 
 
 # --- help articles ------------------------------------------------------------------------------

@@ -33,4 +33,5 @@ urlpatterns = [
     path("api-keys", views.api_keys, name="api_keys"),
     path("api-keys/create", views.api_key_create, name="api_key_create"),
     path("api-keys/<int:key_id>/revoke", views.api_key_revoke, name="api_key_revoke"),
+    path("api-keys/<int:key_id>/limits", views.api_key_limits, name="api_key_limits"),
 ]

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
@@ -16,6 +18,7 @@ from admin_console.access import staff_required
 from admin_console.forms import (
     AnswerPinForm,
     ApiKeyCreateForm,
+    ApiKeyLimitsForm,
     ArticleForm,
     CanarySplitForm,
     CanaryStartForm,
@@ -27,6 +30,7 @@ from admin_console.forms import (
 from api import keys as key_services
 from api.keys import IssuedApiKey
 from api.models import ApiKey
+from api.usage import KeyUsage, key_usage_by_day
 from knowledge import selectors as knowledge_selectors
 from knowledge.embedding import EmbedderUnavailable
 from knowledge.models import Article, CachedAnswer
@@ -354,18 +358,50 @@ def canary_quality_start(request: HttpRequest) -> HttpResponse:
 
 # --- API keys (under htmx the section re-renders in place; otherwise it is a page of its own) ---
 
+USAGE_DAYS = 7  # the usage the page sums beside today's
+
+
+@dataclass(frozen=True, slots=True)
+class _KeyRow:
+    """One key as the console lists it: its limits form and its usage (today, last 7 days)."""
+
+    key: ApiKey
+    limits_form: ApiKeyLimitsForm
+    today: KeyUsage
+    week: KeyUsage
+
+
+def _key_rows(invalid: ApiKeyLimitsForm | None) -> list[_KeyRow]:
+    usage = key_usage_by_day(days=USAGE_DAYS)
+    today = timezone.now().date()
+    rows = []
+    for key in key_services.api_key_list():
+        days = usage.get(key.pk, {})
+        form = invalid if invalid is not None and invalid.instance.pk == key.pk else None
+        rows.append(
+            _KeyRow(
+                key=key,
+                limits_form=form or ApiKeyLimitsForm(instance=key, prefix=f"key-{key.pk}"),
+                today=days.get(today, KeyUsage()),
+                week=sum(days.values(), KeyUsage()),
+            )
+        )
+    return rows
+
 
 def _api_keys_section(
     request: HttpRequest,
     *,
     form: ApiKeyCreateForm | None = None,
+    limits_form: ApiKeyLimitsForm | None = None,
     issued: IssuedApiKey | None = None,
     notice: str = "",
     status: int = 200,
 ) -> HttpResponse:
     context = {
         "section": "api_keys",
-        "api_keys": key_services.api_key_list(),
+        "key_rows": _key_rows(limits_form),
+        "usage_days": USAGE_DAYS,
         "api_key_form": form or ApiKeyCreateForm(),
         "issued": issued,
         "notice": notice,
@@ -407,6 +443,23 @@ def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
         notice = f"Revoked {api_key.prefix}…: calls with it now get 401."
     else:
         notice = f"{api_key.prefix}… was already revoked."
+    return _api_keys_section(request, notice=notice)
+
+
+@require_POST
+@staff_required
+def api_key_limits(request: HttpRequest, key_id: int) -> HttpResponse:
+    api_key = get_object_or_404(ApiKey, pk=key_id)
+    form = ApiKeyLimitsForm(request.POST, instance=api_key, prefix=f"key-{api_key.pk}")
+    if not form.is_valid():
+        return _api_keys_section(request, limits_form=form, status=400)
+    changed = services.api_key_limits_set(
+        actor=request.user,
+        api_key=api_key,
+        requests_per_minute=form.cleaned_data["requests_per_minute"],
+        tokens_per_minute=form.cleaned_data["tokens_per_minute"],
+    )
+    notice = f"Limits of {api_key.prefix}… saved." if changed else f"{api_key.prefix}… kept its limits."
     return _api_keys_section(request, notice=notice)
 
 

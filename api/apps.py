@@ -8,3 +8,9 @@ class ApiConfig(AppConfig):
 
     def ready(self) -> None:
         from api import checks  # noqa: F401  (registers the system checks)
+
+        # The web's /metrics serves WEB_REGISTRY; the usage collector reads this app's models.
+        from api.metrics import ApiKeyUsageCollector
+        from scheduler.metrics import WEB_REGISTRY
+
+        WEB_REGISTRY.register(ApiKeyUsageCollector())

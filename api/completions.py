@@ -1,5 +1,6 @@
-"""Chat completions for the OpenAI-compatible API: submit to the scheduler (one generation per
-choice), then follow their result streams and answer whole or as OpenAI chunks.
+"""Chat and text completions for the OpenAI-compatible API: submit to the scheduler (one
+generation per choice), then follow their result streams and answer whole or as OpenAI chunks
+(a chat completion's or a text completion's).
 
 A `reset` event means a worker died and another restarts the answer from scratch. A whole
 answer simply starts collecting again. A stream that has not sent any text yet carries on
@@ -23,17 +24,22 @@ import numpy as np
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from api.metrics import key_rate_limited_record
 from api.models import ApiKey
-from api.openai_protocol import ChatCompletionRequest, ChoiceDelta, NamedToolChoice
+from api.openai_protocol import ChatCompletionRequest, ChoiceDelta, CompletionRequest, NamedToolChoice
 from api.openai_shapes import (
     ApiError,
     ChoiceOutcome,
     ChunkHeader,
+    TextChunkHeader,
     completion_id,
     completion_object,
     logprobs_shape,
     named_tool_call_delta,
+    ratelimit_headers,
     required_tool_calls,
+    text_completion_object,
+    text_logprobs_shape,
     tool_calls_delta,
 )
 from chat.sse import sse_comment, sse_data
@@ -44,6 +50,7 @@ from scheduler.admission import AdmissionRefused, request_answer_cached, request
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier, Usage, tokens_logprobs
 from scheduler.models import CacheResult, Variant
 from scheduler.policy import tier_policy
+from scheduler.prompt import prompt_token_count, text_prompt_token_count
 from scheduler.results import ResultEvent, result_follower
 from scheduler.routing import variant_for_conversation
 from scheduler.rules import answer_wait_limit_s
@@ -51,16 +58,21 @@ from scheduler.services import generation_cache_note
 
 # An answer that expired in the queue met a long queue moments ago: give it time to drain.
 EXPIRED_RETRY_AFTER_S = 10
+# Admission's refusals for a key's own limits -> the limit, as the metrics name it.
+KEY_LIMIT_REASONS = {"rate_limited_key_requests": "requests", "rate_limited_key_tokens": "tokens"}
+
+AnyCompletionRequest = ChatCompletionRequest | CompletionRequest
 
 
 @dataclass(frozen=True, slots=True)
 class SubmittedCompletion:
-    request: ChatCompletionRequest
+    request: AnyCompletionRequest
     request_ids: list[str]  # one generation per choice; the first names the completion
     variant: str
     model: str  # whose result streams the answers are written to
     created: int
     wait_limit_s: float  # the longest the caller waits for the end of the answer
+    ratelimit_headers: dict[str, str]  # the key's x-ratelimit-* after this request; {} unlimited
 
     @property
     def request_id(self) -> str:
@@ -68,15 +80,16 @@ class SubmittedCompletion:
 
 
 def _cache_lookup(
-    *, api_key: ApiKey, request: ChatCompletionRequest, variant: Variant
+    *, api_key: ApiKey, request: AnyCompletionRequest, variant: Variant
 ) -> tuple[answer_cache.Lookup, str, np.ndarray] | None:
     """A one-question call (a single user message, one choice, no tools, no logprobs) is a
     first turn the result cache may answer; (the lookup, its context, the question's vector),
     or None when it may not be looked up."""
+    if not settings.ANSWER_CACHE_ENABLED or isinstance(request, CompletionRequest):
+        return None  # a raw prompt is no customer's question
     messages = request.prompt_messages()
     if (
-        not settings.ANSWER_CACHE_ENABLED
-        or [m["role"] for m in messages] != ["user"]
+        [m["role"] for m in messages] != ["user"]
         or request.choices != 1
         or request.tools is not None
         or request.logprobs
@@ -96,9 +109,32 @@ def _cache_lookup(
     return lookup, context, vector
 
 
-def completion_submit(*, api_key: ApiKey, request: ChatCompletionRequest) -> SubmittedCompletion:
+def _tokens_at_most(request: AnyCompletionRequest) -> int:
+    """The most tokens one choice of the request may use: its prompt and its max_tokens."""
+    if isinstance(request, CompletionRequest):
+        prompt_tokens = text_prompt_token_count(request.prompt_text, model_path=settings.INFERENCE_MODEL)
+    else:
+        prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
+    return prompt_tokens + request.answer_max_tokens
+
+
+def _too_large(*, api_key: ApiKey, tokens: int, tokens_per_minute: int) -> ApiError:
+    key_rate_limited_record(api_key=api_key, limit="tokens")
+    return ApiError(
+        429,
+        f"Request too large: it may use {tokens} tokens (prompt and max_tokens, for every choice), over "
+        f"this key's limit of {tokens_per_minute} tokens per minute. Lower max_tokens or n, or shorten "
+        "the prompt.",
+        type="tokens",
+        code="rate_limit_exceeded",
+        retryable=False,
+    )
+
+
+def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> SubmittedCompletion:
     """Admit the request under the key's tier and limits, or answer it from the result cache;
-    raises AdmissionRefused.
+    raises AdmissionRefused, or ApiError for a request larger than its key's tokens per minute
+    (it would never be admitted).
 
     Each of the `n` choices is a generation of its own (a job, a record, a result stream), so
     it counts against the key's limits as a request would; if one is refused, those already
@@ -106,31 +142,50 @@ def completion_submit(*, api_key: ApiKey, request: ChatCompletionRequest) -> Sub
     request_ids = [str(uuid.uuid4()) for _ in range(request.choices)]
     variant = variant_for_conversation(conversation_id=completion_id(request_ids[0]))
     tier = Tier(api_key.effective_tier)
+    text = isinstance(request, CompletionRequest)
+    limits = api_key.limits
+    tokens = _tokens_at_most(request) if limits.tokens_per_minute is not None else 0
+    if limits.tokens_per_minute is not None and tokens * len(request_ids) > limits.tokens_per_minute:
+        raise _too_large(
+            api_key=api_key, tokens=tokens * len(request_ids), tokens_per_minute=limits.tokens_per_minute
+        )
     jobs = [
         GenerationJob(
             request_id=request_id,
             origin=Origin.API,
-            messages=request.prompt_messages(),
+            messages=[] if text else request.prompt_messages(),
             sampling=request.sampling_params(seed_offset=index),
             client_id=api_key.client_id,
             tier=tier,
             variant=variant.name,
             model=variant.model,
             disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
+            prompt=request.prompt_text if text else None,
         )
         for index, request_id in enumerate(request_ids)
     ]
     cached = _cache_lookup(api_key=api_key, request=request, variant=variant)
-    if cached is not None and cached[0].answer is not None:
-        request_answer_cached(job=jobs[0], answer=cached[0].answer)
-    else:
-        for index, job in enumerate(jobs):
-            try:
-                request_submit(job=job)
-            except AdmissionRefused:
-                for admitted in request_ids[:index]:
-                    control.request_cancel(request_id=admitted)
-                raise
+    key_state = None
+    try:
+        if cached is not None and cached[0].answer is not None:
+            answer = cached[0].answer
+            # The key pays what the cached answer used: its prompt and its completion.
+            used = tokens - request.answer_max_tokens + answer.completion_tokens if tokens else 0
+            admission = request_answer_cached(job=jobs[0], answer=answer, limits=limits, tokens=used)
+            key_state = admission.key_state
+        else:
+            for index, job in enumerate(jobs):
+                try:
+                    admission = request_submit(job=job, limits=limits, tokens=tokens)
+                except AdmissionRefused:
+                    for admitted in request_ids[:index]:
+                        control.request_cancel(request_id=admitted)
+                    raise
+                key_state = admission.key_state
+    except AdmissionRefused as refusal:
+        if refusal.reason in KEY_LIMIT_REASONS:
+            key_rate_limited_record(api_key=api_key, limit=KEY_LIMIT_REASONS[refusal.reason])
+        raise
     if cached is not None and cached[0].answer is None:
         lookup, context, vector = cached
         generation_cache_note(request_id=request_ids[0], result=CacheResult.MISS, lookup_ms=lookup.lookup_ms)
@@ -150,6 +205,7 @@ def completion_submit(*, api_key: ApiKey, request: ChatCompletionRequest) -> Sub
         model=variant.model,
         created=int(time.time()),
         wait_limit_s=answer_wait_limit_s(tier_policy(tier).max_wait_s),
+        ratelimit_headers=ratelimit_headers(key_state) if key_state else {},
     )
 
 
@@ -234,8 +290,8 @@ async def _next_batches(
 
 
 async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
-    """Wait for the whole answer (every choice); returns a chat.completion object or raises
-    ApiError (the first failed choice's; the others are then cancelled)."""
+    """Wait for the whole answer (every choice); returns a chat.completion or text_completion
+    object or raises ApiError (the first failed choice's; the others are then cancelled)."""
     answers = [AnswerFold() for _ in submitted.request_ids]
     async with AsyncExitStack() as stack:
         following = {
@@ -263,13 +319,23 @@ async def completion_collect(submitted: SubmittedCompletion) -> dict[str, Any]:
     except ApiError:
         await _cancel(*submitted.request_ids)
         raise
+    request = submitted.request
+    if isinstance(request, CompletionRequest):
+        return text_completion_object(
+            request_id=submitted.request_id,
+            created=submitted.created,
+            model=submitted.variant,
+            choices=outcomes,
+            usage=_usage(answers),
+            request=request,
+        )
     return completion_object(
         request_id=submitted.request_id,
         created=submitted.created,
         model=submitted.variant,
         choices=outcomes,
         usage=_usage(answers),
-        request=submitted.request,
+        request=request,
     )
 
 
@@ -281,7 +347,7 @@ DONE = sse_data("[DONE]")
 
 
 class _ChoiceStream:
-    """One choice of a streamed completion: its events in, its chunks out."""
+    """One choice of a streamed chat completion: its events in, its chunks out."""
 
     def __init__(self, index: int, header: ChunkHeader, request: ChatCompletionRequest) -> None:
         self.index = index
@@ -289,11 +355,17 @@ class _ChoiceStream:
         self.request = request
         self.answer = AnswerFold()
         self._named_tool_started = False
+        self._opened = False
 
     def chunks(self) -> list[dict[str, Any]]:
         """The chunks for what arrived since the last call: text (or a named tool call's
-        arguments) with its logprobs, then the closing chunk once the choice has finished."""
+        arguments) with its logprobs, then the closing chunk once the choice has finished. The
+        role chunk opens the choice with its first token, as vLLM's server sends it: a client
+        timing the first chunk times the first token, not the admission."""
         chunks = []
+        if not self._opened and (self.answer.has_tokens or isinstance(self.answer.end, Done)):
+            chunks.append(self.header.chunk(ChoiceDelta(role="assistant", content=""), index=self.index))
+            self._opened = True
         choice = self.request.tool_choice
         # "required" calls are sent whole once complete: until then nothing is taken (and a
         # restart before the end is carried on, as nothing went out).
@@ -306,13 +378,17 @@ class _ChoiceStream:
         elif text:
             delta = ChoiceDelta(content=text)
         if delta is not None:
-            logprobs = logprobs_shape(tokens_logprobs(tokens) or ()) if self.request.logprobs else None
+            logprobs = (
+                logprobs_shape(tokens_logprobs(tokens) or (), self.request.top_logprobs or 0)
+                if self.request.logprobs
+                else None
+            )
             chunks.append(self.header.chunk(delta, index=self.index, logprobs=logprobs))
         end = self.answer.end
         if isinstance(end, Done) and end.finish_reason != "cancelled":
             finish_reason = end.finish_reason
             if choice == "required":
-                calls = required_tool_calls(self.answer.text)
+                calls = required_tool_calls(self.answer.text, as_written=True)
                 if calls:
                     chunks.append(self.header.chunk(tool_calls_delta(calls), index=self.index))
                 if finish_reason == "stop":
@@ -321,13 +397,52 @@ class _ChoiceStream:
         return chunks
 
 
+class _TextChoiceStream:
+    """One choice of a streamed text completion: its events in, its chunks out (the same
+    text_completion object with the new text)."""
+
+    def __init__(self, index: int, header: TextChunkHeader, logprobs: int | None) -> None:
+        self.index = index
+        self.header = header
+        self.logprobs = logprobs
+        self.answer = AnswerFold()
+        self._text_offset = 0  # where the next chunk's first token starts in the answer
+
+    def chunks(self) -> list[dict[str, Any]]:
+        chunks = []
+        tokens = self.answer.unsent_tokens()
+        text = "".join(token.text for token in tokens)
+        if text:
+            logprobs = None
+            if self.logprobs is not None:
+                entries = tokens_logprobs(tokens) or []
+                logprobs = text_logprobs_shape(entries, self.logprobs, self._text_offset)
+                # As vLLM: on by the tokens reported (text held back for a stop string lags them).
+                self._text_offset += sum(len(entry.token) for entry in entries)
+            chunks.append(self.header.chunk(text, index=self.index, logprobs=logprobs))
+        end = self.answer.end
+        if isinstance(end, Done) and end.finish_reason != "cancelled":
+            chunks.append(self.header.chunk("", end.finish_reason, index=self.index))
+        return chunks
+
+
+def _choice_streams(submitted: SubmittedCompletion) -> tuple[ChunkHeader | TextChunkHeader, list[Any]]:
+    request = submitted.request
+    indexes = range(len(submitted.request_ids))
+    if isinstance(request, CompletionRequest):
+        text_header = TextChunkHeader(
+            submitted.request_id, submitted.created, submitted.variant, request.include_usage
+        )
+        return text_header, [_TextChoiceStream(index, text_header, request.logprobs) for index in indexes]
+    header = ChunkHeader(submitted.request_id, submitted.created, submitted.variant, request.include_usage)
+    return header, [_ChoiceStream(index, header, request) for index in indexes]
+
+
 async def completion_stream(submitted: SubmittedCompletion) -> AsyncIterator[bytes]:
     """The answer as OpenAI SSE chunks (each choice's interleaved, as they come), ending with
     `data: [DONE]`. While subscribed the requests count as watched; once the client leaves, the
     worker cancels them after the API's grace."""
-    request = submitted.request
-    header = ChunkHeader(submitted.request_id, submitted.created, submitted.variant, request.include_usage)
-    choices = [_ChoiceStream(index, header, request) for index in range(len(submitted.request_ids))]
+    header, choices = _choice_streams(submitted)
     loop = asyncio.get_running_loop()
     deadline = loop.time() + submitted.wait_limit_s
     async with AsyncExitStack() as stack:
@@ -337,8 +452,6 @@ async def completion_stream(submitted: SubmittedCompletion) -> AsyncIterator[byt
             )
             for index, request_id in enumerate(submitted.request_ids)
         }
-        for choice in choices:
-            yield _json(header.chunk(ChoiceDelta(role="assistant", content=""), index=choice.index))
         while following:
             left_s = deadline - loop.time()
             if left_s <= 0:

@@ -7,9 +7,11 @@ tables (`db_table`).
 
 import uuid
 
+from django.core.validators import MinValueValidator
 from django.db import models
 
 from chat.models import ACCOUNT_TIER_CHOICES, User
+from scheduler.key_limits import KeyLimits
 from scheduler.models import generation_link
 
 
@@ -26,6 +28,16 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # The key's own limits, on top of its tier's; empty: unlimited (scheduler/key_limits.py).
+    requests_per_minute = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)], help_text="Empty: unlimited."
+    )
+    tokens_per_minute = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Prompt and completion tokens. Empty: unlimited.",
+    )
 
     class Meta:
         db_table = "chat_apikey"
@@ -43,6 +55,12 @@ class ApiKey(models.Model):
     def client_id(self) -> str:
         """Who admission's per-client limits count against."""
         return f"key:{self.pk}"
+
+    @property
+    def limits(self) -> KeyLimits:
+        return KeyLimits(
+            requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute
+        )
 
 
 class BatchJob(models.Model):

@@ -1,18 +1,20 @@
 """The `/v1` wire protocol as pydantic models, and the OpenAPI document generated from them
 (served at `GET /v1/openapi.json`).
 
-These models are the one parser of request bodies (`openai_shapes.chat_request_parse` turns
-their errors into OpenAI's) and the shapes responses are built from. Names, defaults, checks
-and error texts follow vLLM's OpenAI server (`vllm/entrypoints/openai/chat_completion/
-protocol.py`), which is what a caller of a vLLM service expects; as there, parameters not
-listed are ignored. The caps that come from settings are checked here and written into the
+These models are the one parser of request bodies (`openai_shapes.chat_request_parse` and
+`text_completion_request_parse` turn their errors into OpenAI's) and the shapes responses are
+built from. Names, defaults, checks and error texts follow vLLM's OpenAI server
+(`vllm/entrypoints/openai/chat_completion/protocol.py` and `completion/protocol.py`), which is
+what a caller of a vLLM service expects; as there, parameters not listed are ignored. Chat and
+text completions share their sampling parameters, checks and `sampling_params()` through
+`SamplingRequest`. The caps that come from settings are checked here and written into the
 document by `_request_caps`.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, Self
 
 from django.conf import settings
 from jsonschema import SchemaError
@@ -37,6 +39,10 @@ MAX_STOP_SEQUENCES = 4  # vLLM's VLLM_MAX_STOP_STRINGS
 MAX_TOP_LOGPROBS = 20  # vLLM's max_logprobs
 _INT64 = 2**63
 GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, sampling is greedy
+# A request naming no temperature samples as on `vllm serve` and OpenAI (the served model's
+# generation config names none), not at the chat's tuned GENERATION_TEMPERATURE: `n` > 1
+# then works without one.
+DEFAULT_TEMPERATURE = 1.0
 
 
 # vLLM's extensions that would change the answer and that this service does not apply, with the
@@ -52,14 +58,26 @@ _NOT_APPLIED: dict[str, tuple[Any, ...]] = {
     "prompt_logprobs": (None,),
     "logprob_token_ids": (None,),
     "structured_outputs": (None,),
-    "add_generation_prompt": (None, True),
-    "continue_final_message": (None, False),
-    "chat_template": (None,),
     "truncate_prompt_tokens": (None,),
     "thinking_token_budget": (None,),
     "repetition_detection": (None,),
     "return_tokens_as_token_ids": (None, False),
 }
+# Chat's own: how the conversation becomes the prompt.
+_CHAT_NOT_APPLIED: dict[str, tuple[Any, ...]] = {
+    "add_generation_prompt": (None, True),
+    "continue_final_message": (None, False),
+    "chat_template": (None,),
+}
+# A text completion's own: a prompt continued as it is written, one answer per choice.
+_TEXT_NOT_APPLIED: dict[str, tuple[Any, ...]] = {
+    "suffix": (None,),
+    "best_of": (None, 1),
+    "add_special_tokens": (None, True),
+    "prompt_embeds": (None,),
+}
+# OpenAI's and vLLM's default for a text completion (chat completions default to the model's room).
+TEXT_COMPLETION_DEFAULT_MAX_TOKENS = 16
 
 
 class RequestInvalid(ValueError):
@@ -169,19 +187,20 @@ def _object_or_empty(parameters: dict[str, Any] | None) -> dict[str, Any]:
     return parameters if parameters else {"type": "object", "properties": {}}
 
 
-class ChatCompletionRequest(BaseModel):
-    """A chat completion request, in the order of OpenAI's reference, then vLLM's extensions."""
+class SamplingRequest(BaseModel):
+    """What chat and text completions share: the model, how the answer is sampled, streamed and
+    shaped, vLLM's sampling extensions, their checks (vLLM's texts) and the one method that
+    turns them into the engine's `SamplingParams`. Fields follow OpenAI's reference, then vLLM's
+    extensions; each kind adds its prompt and how it asks for logprobs."""
 
     model_config = ConfigDict(extra="allow")
+    # vLLM's parameters this kind of request refuses unless left unchanged (see _NOT_APPLIED).
+    not_applied: ClassVar[dict[str, tuple[Any, ...]]] = _NOT_APPLIED
 
-    messages: list[ChatMessage]
     model: Annotated[str, Field(min_length=1)]
     frequency_penalty: float | None = None
     logit_bias: dict[str, float] | None = None
-    logprobs: bool | None = False
-    top_logprobs: int | None = 0
     max_tokens: Annotated[int, Field(ge=1)] | None = None
-    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
     n: int | None = 1
     presence_penalty: float | None = None
     response_format: ResponseFormat | None = None
@@ -195,9 +214,6 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    tools: list[ChatCompletionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = "none"
-    parallel_tool_calls: bool | None = True
     user: str | None = None
     # vLLM's sampling parameters beyond OpenAI's
     top_k: int | None = None
@@ -211,7 +227,7 @@ class ChatCompletionRequest(BaseModel):
     @classmethod
     def _refuse_what_is_not_applied(cls, data: Any) -> Any:
         if isinstance(data, dict):
-            for name, unchanged in _NOT_APPLIED.items():
+            for name, unchanged in cls.not_applied.items():
                 if data.get(name) not in unchanged:
                     raise RequestInvalid(f"`{name}` is not supported by this service.", name)
             options = data.get("stream_options")
@@ -223,28 +239,7 @@ class ChatCompletionRequest(BaseModel):
                 )
         return data
 
-    @model_validator(mode="before")
-    @classmethod
-    def _default_tool_choice(cls, data: Any) -> Any:
-        # As OpenAI and vLLM: tools without a tool_choice mean "auto".
-        if isinstance(data, dict) and "tool_choice" not in data and data.get("tools"):
-            return {**data, "tool_choice": "auto"}
-        return data
-
-    @field_validator("messages")
-    @classmethod
-    def _messages_fit(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
-        limit = settings.API_MAX_MESSAGES
-        if not 1 <= len(messages) <= limit:
-            raise RequestInvalid(f"`messages` must be a list of 1 to {limit} messages.")
-        chars = sum(len(message.text) for message in messages)
-        if chars > settings.API_MAX_PROMPT_CHARS:
-            raise RequestInvalid(
-                f"The messages hold {chars} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted."
-            )
-        return messages
-
-    @field_validator("max_tokens", "max_completion_tokens")
+    @field_validator("max_tokens", "max_completion_tokens", check_fields=False)
     @classmethod
     def _tokens_fit(cls, value: int | None, info: ValidationInfo) -> int | None:
         limit = settings.INFERENCE_MAX_MODEL_LEN
@@ -253,7 +248,7 @@ class ChatCompletionRequest(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _sampling_checks(self) -> ChatCompletionRequest:
+    def _sampling_checks(self) -> Self:
         """vLLM's checks (SamplingParams._verify_args and the request's validators), its texts."""
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
@@ -291,14 +286,8 @@ class ChatCompletionRequest(BaseModel):
         return self
 
     def _logprobs_checks(self) -> None:
-        top = self.top_logprobs
-        if top is None:
-            return
-        if top < 0 and top != -1:
-            raise RequestInvalid("`top_logprobs` must be a positive value or -1.", "top_logprobs")
-        if (top == -1 or top > 0) and not self.logprobs:
-            raise RequestInvalid("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
-        if top == -1 or top > MAX_TOP_LOGPROBS:
+        top = self.logprobs_requested
+        if top is not None and (top == -1 or top > MAX_TOP_LOGPROBS):
             raise RequestInvalid(
                 f"Requested sample logprobs of {'all tokens' if top == -1 else top}, which is greater "
                 f"than max allowed: {MAX_TOP_LOGPROBS}",
@@ -314,6 +303,121 @@ class ChatCompletionRequest(BaseModel):
                     "response_format",
                 )
             _check_schema(response_format.json_schema.json_schema or {}, "response_format.json_schema.schema")
+
+    # --- what the engine is asked for -----------------------------------------------------------
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_tokens
+
+    @property
+    def answer_max_tokens(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def logprobs_requested(self) -> int | None:
+        """How many most likely tokens to report beside each sampled one; None: no logprobs."""
+        raise NotImplementedError
+
+    @property
+    def sampling_temperature(self) -> float:
+        return self.temperature if self.temperature is not None else DEFAULT_TEMPERATURE
+
+    @property
+    def choices(self) -> int:
+        return self.n if self.n is not None else 1
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The constraint on the answer that the response format asks for."""
+        response_format = self.response_format
+        if response_format is None or response_format.type == "text":
+            return None
+        if response_format.type == "json_object":
+            return StructuredOutput(json_object=True)
+        assert response_format.json_schema is not None  # checked above
+        return StructuredOutput(json_schema=response_format.json_schema.json_schema or {})
+
+    def sampling_params(self, *, seed_offset: int = 0) -> SamplingParams:
+        """What the engine applies (vLLM's `to_sampling_params`). Choice `seed_offset` of n
+        samples with the seed plus its index, as vLLM's parallel sampling seeds its children."""
+        return SamplingParams(
+            max_tokens=self.answer_max_tokens,
+            temperature=self.sampling_temperature,
+            top_p=self.top_p if self.top_p is not None else settings.GENERATION_TOP_P,
+            stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
+            seed=None if self.seed is None else self.seed + seed_offset,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            repetition_penalty=self.repetition_penalty if self.repetition_penalty is not None else 1.0,
+            top_k=self.top_k or 0,
+            min_p=self.min_p or 0.0,
+            min_tokens=self.min_tokens,
+            ignore_eos=self.ignore_eos,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            logprobs=self.logprobs_requested,
+            # vLLM clamps each bias to [-100, 100].
+            logit_bias=None
+            if self.logit_bias is None
+            else {int(k): min(100.0, max(-100.0, v)) for k, v in self.logit_bias.items()},
+            structured=self.structured_output(),
+        )
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """A chat completion request: the conversation, logprobs as a flag and a count, tools."""
+
+    not_applied: ClassVar[dict[str, tuple[Any, ...]]] = _NOT_APPLIED | _CHAT_NOT_APPLIED
+
+    messages: list[ChatMessage]
+    logprobs: bool | None = False
+    top_logprobs: int | None = 0
+    max_completion_tokens: Annotated[int, Field(ge=1)] | None = None
+    tools: list[ChatCompletionTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = "none"
+    parallel_tool_calls: bool | None = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_tool_choice(cls, data: Any) -> Any:
+        # As OpenAI and vLLM: tools without a tool_choice mean "auto".
+        if isinstance(data, dict) and "tool_choice" not in data and data.get("tools"):
+            return {**data, "tool_choice": "auto"}
+        return data
+
+    @field_validator("messages")
+    @classmethod
+    def _messages_fit(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        limit = settings.API_MAX_MESSAGES
+        if not 1 <= len(messages) <= limit:
+            raise RequestInvalid(f"`messages` must be a list of 1 to {limit} messages.")
+        chars = sum(len(message.text) for message in messages)
+        if chars > settings.API_MAX_PROMPT_CHARS:
+            raise RequestInvalid(
+                f"The messages hold {chars} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted."
+            )
+        return messages
+
+    def _logprobs_checks(self) -> None:
+        top = self.top_logprobs
+        if top is None:
+            return
+        if top < 0 and top != -1:
+            raise RequestInvalid("`top_logprobs` must be a positive value or -1.", "top_logprobs")
+        if (top == -1 or top > 0) and not self.logprobs:
+            raise RequestInvalid("when using `top_logprobs`, `logprobs` must be set to true.", "top_logprobs")
+        if top == -1 or top > MAX_TOP_LOGPROBS:
+            raise RequestInvalid(
+                f"Requested sample logprobs of {'all tokens' if top == -1 else top}, which is greater "
+                f"than max allowed: {MAX_TOP_LOGPROBS}",
+                "logprobs",
+            )
+
+    def _structure_checks(self) -> None:
+        super()._structure_checks()
         if self.tools == []:
             raise RequestInvalid(
                 "`tools` must not be an empty array. "
@@ -341,8 +445,6 @@ class ChatCompletionRequest(BaseModel):
                 "tool_choice",
             )
 
-    # --- what the engine is asked for -----------------------------------------------------------
-
     @property
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
@@ -352,16 +454,8 @@ class ChatCompletionRequest(BaseModel):
         return self.requested_max_tokens or settings.GENERATION_MAX_TOKENS
 
     @property
-    def sampling_temperature(self) -> float:
-        return self.temperature if self.temperature is not None else settings.GENERATION_TEMPERATURE
-
-    @property
-    def choices(self) -> int:
-        return self.n if self.n is not None else 1
-
-    @property
-    def include_usage(self) -> bool:
-        return bool(self.stream_options and self.stream_options.include_usage)
+    def logprobs_requested(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @property
     def tool_choice_forced(self) -> bool:
@@ -398,38 +492,66 @@ class ChatCompletionRequest(BaseModel):
             if self.parallel_tool_calls is False:
                 calls["maxItems"] = 1
             return StructuredOutput(json_schema=calls)
-        response_format = self.response_format
-        if response_format is None or response_format.type == "text":
-            return None
-        if response_format.type == "json_object":
-            return StructuredOutput(json_object=True)
-        assert response_format.json_schema is not None  # checked above
-        return StructuredOutput(json_schema=response_format.json_schema.json_schema or {})
+        return super().structured_output()
 
-    def sampling_params(self, *, seed_offset: int = 0) -> SamplingParams:
-        """What the engine applies (vLLM's `to_sampling_params`). Choice `seed_offset` of n
-        samples with the seed plus its index, as vLLM's parallel sampling seeds its children."""
-        return SamplingParams(
-            max_tokens=self.answer_max_tokens,
-            temperature=self.sampling_temperature,
-            top_p=self.top_p if self.top_p is not None else settings.GENERATION_TOP_P,
-            stop=(self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ()),
-            seed=None if self.seed is None else self.seed + seed_offset,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            repetition_penalty=self.repetition_penalty if self.repetition_penalty is not None else 1.0,
-            top_k=self.top_k or 0,
-            min_p=self.min_p or 0.0,
-            min_tokens=self.min_tokens,
-            ignore_eos=self.ignore_eos,
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            logprobs=(self.top_logprobs or 0) if self.logprobs else None,
-            # vLLM clamps each bias to [-100, 100].
-            logit_bias=None
-            if self.logit_bias is None
-            else {int(k): min(100.0, max(-100.0, v)) for k, v in self.logit_bias.items()},
-            structured=self.structured_output(),
-        )
+
+class CompletionRequest(SamplingRequest):
+    """The legacy text completion: a raw prompt the model continues, without the chat template
+    (vLLM's `completion/protocol.py`). One prompt per request, as text: token ids and several
+    prompts are refused with 400, as are `echo`, `suffix` and `best_of`."""
+
+    not_applied: ClassVar[dict[str, tuple[Any, ...]]] = _NOT_APPLIED | _TEXT_NOT_APPLIED
+
+    prompt: (
+        Annotated[str, Field(min_length=1)]
+        | Annotated[list[Annotated[str, Field(min_length=1)]], Field(min_length=1, max_length=1)]
+    )
+    max_tokens: Annotated[int, Field(ge=1)] | None = Field(
+        default=None, description=f"{TEXT_COMPLETION_DEFAULT_MAX_TOKENS} when left out."
+    )
+    logprobs: int | None = Field(
+        default=None,
+        description="How many most likely tokens to report beside each sampled one (vLLM: at most "
+        f"{MAX_TOP_LOGPROBS}); each position's `top_logprobs` holds the sampled token and these.",
+    )
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_text_prompt(cls, prompt: Any) -> Any:
+        if prompt is None or prompt == "":
+            raise RequestInvalid("Either prompt or prompt_embeds must be provided and non-empty.")
+        if isinstance(prompt, list) and prompt and all(isinstance(p, int | list) for p in prompt):
+            raise RequestInvalid("Token ids are not accepted as `prompt`: send the prompt's text.")
+        if isinstance(prompt, list) and len(prompt) > 1 and all(isinstance(p, str) for p in prompt):
+            raise RequestInvalid("Send one prompt per request: `prompt` may be a list of one string only.")
+        return prompt
+
+    @field_validator("prompt")
+    @classmethod
+    def _prompt_fits(cls, prompt: str | list[str]) -> str | list[str]:
+        chars = len(prompt if isinstance(prompt, str) else prompt[0])
+        if chars > settings.API_MAX_PROMPT_CHARS:
+            raise RequestInvalid(
+                f"The prompt holds {chars} characters; at most {settings.API_MAX_PROMPT_CHARS} are accepted."
+            )
+        return prompt
+
+    def _logprobs_checks(self) -> None:
+        if self.logprobs is not None and self.logprobs < -1:
+            raise RequestInvalid("`logprobs` must be a positive value or -1.", "logprobs")
+        super()._logprobs_checks()
+
+    @property
+    def prompt_text(self) -> str:
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]
+
+    @property
+    def answer_max_tokens(self) -> int:
+        return self.max_tokens if self.max_tokens is not None else TEXT_COMPLETION_DEFAULT_MAX_TOKENS
+
+    @property
+    def logprobs_requested(self) -> int | None:
+        return self.logprobs
 
 
 class JobCreateRequest(BaseModel):
@@ -540,6 +662,44 @@ class ChatCompletionChunk(BaseModel):
     usage: Usage | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """A text choice's logprobs, in the legacy completions shape (vLLM's CompletionLogProbs)."""
+
+    text_offset: list[int]
+    token_logprobs: list[float | None]
+    tokens: list[str]
+    top_logprobs: list[dict[str, float] | None]
+
+
+class TextChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class TextCompletion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[TextChoice]
+    usage: Usage
+
+
+class TextCompletionChunk(BaseModel):
+    """One server-sent event of a streamed text completion, sent as ChatCompletionChunk is."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: None = None
+    choices: list[TextChoice]
+    usage: Usage | None = None
+
+
 class Model(BaseModel):
     id: str
     object: Literal["model"]
@@ -588,10 +748,13 @@ class Job(BaseModel):
 
 _SCHEMAS: tuple[type[BaseModel], ...] = (
     ChatCompletionRequest,
+    CompletionRequest,
     JobCreateRequest,
     ErrorResponse,
     ChatCompletion,
     ChatCompletionChunk,
+    TextCompletion,
+    TextCompletionChunk,
     ModelList,
     Model,
     Job,
@@ -606,6 +769,23 @@ def _json(model: type[BaseModel]) -> dict[str, Any]:
     return {"application/json": {"schema": _ref(model)}}
 
 
+def _ratelimit_headers() -> dict[str, Any]:
+    """OpenAI's headers, sent to a key with limits of its own (requests, tokens per minute)."""
+    meaning = {
+        "limit": "the key's limit per minute",
+        "remaining": "what the key may still use now",
+        "reset": 'until the limit is whole again, as OpenAI writes it ("20ms", "1.5s", "6m0s")',
+    }
+    return {
+        f"x-ratelimit-{part}-{kind}": {
+            "description": f"{kind.capitalize()}: {text}.",
+            "schema": {"type": "string"},
+        }
+        for kind in ("requests", "tokens")
+        for part, text in meaning.items()
+    }
+
+
 def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {
         400: "Invalid request",
@@ -614,7 +794,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
         405: "Wrong method",
         409: "Conflict",
         413: "Request body too large",
-        429: "Rate limited (see Retry-After)",
+        429: "Rate limited (see Retry-After, and the key's x-ratelimit-* headers)",
         500: "The answer failed",
         503: "Overloaded or unavailable (see Retry-After)",
     }
@@ -631,6 +811,11 @@ def _request_caps(schemas: dict[str, Any]) -> None:
     for name in ("max_tokens", "max_completion_tokens"):
         chat[name]["anyOf"][0]["maximum"] = settings.INFERENCE_MAX_MODEL_LEN
     chat["n"]["anyOf"][0] |= {"minimum": 1, "maximum": settings.API_MAX_N}
+    text = schemas["CompletionRequest"]["properties"]
+    text["max_tokens"]["anyOf"][0]["maximum"] = settings.INFERENCE_MAX_MODEL_LEN
+    text["n"]["anyOf"][0] |= {"minimum": 1, "maximum": settings.API_MAX_N}
+    text["prompt"]["anyOf"][0]["maxLength"] = settings.API_MAX_PROMPT_CHARS
+    text["prompt"]["anyOf"][1]["items"]["maxLength"] = settings.API_MAX_PROMPT_CHARS
     jobs = schemas["JobCreateRequest"]["properties"]["requests"]
     jobs |= {"minItems": 1, "maxItems": settings.BATCH_JOB_MAX_REQUESTS}
 
@@ -648,13 +833,15 @@ def openapi_document() -> dict[str, Any]:
         "required": True,
         "schema": {"type": "string", "format": "uuid"},
     }
-    return {
+    document: dict[str, Any] = {
         "openapi": "3.1.0",
         "info": {
             "title": "Support chat: OpenAI-compatible API",
             "version": "1",
-            "description": "Chat completions (whole or streamed) and batch jobs. Authenticate with "
-            "`Authorization: Bearer sk-...` (`python manage.py apikey create`).",
+            "description": "Chat and text completions (whole or streamed) and batch jobs. "
+            "Authenticate with `Authorization: Bearer sk-...` (`python manage.py apikey create`). "
+            "A key with limits of its own (requests and tokens per minute) gets OpenAI's "
+            "x-ratelimit-* headers on every answer.",
         },
         "servers": [{"url": "/"}],
         "security": [{"bearer": []}],
@@ -701,6 +888,29 @@ def openapi_document() -> dict[str, Any]:
                     },
                 }
             },
+            "/v1/completions": {
+                "post": {
+                    "operationId": "createCompletion",
+                    "requestBody": {"required": True, "content": _json(CompletionRequest)},
+                    "responses": {
+                        "200": {
+                            "description": "The completion; with `stream: true`, text_completion "
+                            "chunks as server-sent events ending with `data: [DONE]`",
+                            "content": {
+                                **_json(TextCompletion),
+                                "text/event-stream": {
+                                    "schema": {
+                                        "type": "object",
+                                        "properties": {"data": {"type": "string"}},
+                                        "required": ["data"],
+                                    }
+                                },
+                            },
+                        },
+                        **_errors(400, 413, 429, 500, 503),
+                    },
+                }
+            },
             "/v1/jobs": {
                 "post": {
                     "operationId": "createJob",
@@ -727,3 +937,9 @@ def openapi_document() -> dict[str, Any]:
             },
         },
     }
+    # Every answer to a key with limits of its own may carry them.
+    for operations in document["paths"].values():
+        for operation in operations.values():
+            for response in operation["responses"].values():
+                response["headers"] = _ratelimit_headers()
+    return document

@@ -1,4 +1,5 @@
-"""The OpenAI wire format: parse a chat completion request, shape responses, chunks and errors.
+"""The OpenAI wire format: parse a chat or text completion request, shape responses, chunks and
+errors.
 
 Requests are parsed by the protocol's pydantic models (`api.openai_protocol`), which follow
 vLLM's OpenAI server: what it accepts is accepted with the same meaning, what it refuses is a
@@ -8,11 +9,13 @@ vLLM's OpenAI server: what it accepts is accepted with the same meaning, what it
 from __future__ import annotations
 
 import json
+import math
+import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.http import JsonResponse
@@ -28,10 +31,16 @@ from api.openai_protocol import (
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
+    CompletionLogprobs,
+    CompletionRequest,
     FunctionCall,
     FunctionCallDelta,
     NamedToolChoice,
     RequestInvalid,
+    SamplingRequest,
+    TextChoice,
+    TextCompletion,
+    TextCompletionChunk,
     ToolCall,
     ToolCallDelta,
 )
@@ -39,7 +48,10 @@ from api.openai_protocol import TokenLogprob as TokenLogprobShape
 from api.openai_protocol import Usage as UsageShape
 from scheduler.admission import AdmissionRefused
 from scheduler.generation import TokenLogprob, Usage
-from scheduler.prompt import ChatTemplateError, prompt_token_count
+from scheduler.key_limits import KeyLimitState, LimitLevel
+from scheduler.prompt import ChatTemplateError, prompt_token_count, text_prompt_token_count
+
+SamplingRequestT = TypeVar("SamplingRequestT", bound=SamplingRequest)
 
 
 class ApiError(Exception):
@@ -55,6 +67,7 @@ class ApiError(Exception):
         param: str | None = None,
         retry_after_s: int | None = None,
         retryable: bool | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -64,12 +77,13 @@ class ApiError(Exception):
         self.param = param
         self.retry_after_s = retry_after_s
         self.retryable = retryable
+        self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JsonResponse:
-        response = JsonResponse(self.body(), status=self.status)
+        response = JsonResponse(self.body(), status=self.status, headers=self.headers)
         if self.retry_after_s is not None:
             response["Retry-After"] = str(self.retry_after_s)
         if self.status == 401:
@@ -80,18 +94,59 @@ class ApiError(Exception):
         return response
 
 
+def ratelimit_duration(seconds: float) -> str:
+    """A wait as OpenAI's x-ratelimit-reset-* headers write it: "20ms", "1.5s", "6m0s", "1h2m3s"."""
+    if seconds <= 0:
+        return "0s"
+    if seconds < 1:
+        return f"{math.ceil(seconds * 1000)}ms"
+    hours, rest = divmod(seconds, 3600)
+    minutes, secs = divmod(rest, 60)
+    text = f"{round(secs, 3):g}s"
+    if hours or minutes:
+        text = f"{int(minutes)}m{int(secs)}s"
+    return f"{int(hours)}h{text}" if hours else text
+
+
+def ratelimit_headers(state: KeyLimitState) -> dict[str, str]:
+    """OpenAI's x-ratelimit-* headers for the limits the key has."""
+    headers: dict[str, str] = {}
+    for kind, level in (("requests", state.requests), ("tokens", state.tokens)):
+        if level is not None:
+            headers |= _ratelimit_trio(kind, level)
+    return headers
+
+
+def _ratelimit_trio(kind: str, level: LimitLevel) -> dict[str, str]:
+    return {
+        f"x-ratelimit-limit-{kind}": str(level.limit),
+        f"x-ratelimit-remaining-{kind}": str(level.remaining),
+        f"x-ratelimit-reset-{kind}": ratelimit_duration(level.reset_s),
+    }
+
+
 def invalid(message: str, param: str | None = None) -> ApiError:
     return ApiError(400, message, param=param)
 
 
-def api_error_for_refusal(refusal: AdmissionRefused) -> ApiError:
+def api_error_for_refusal(refusal: AdmissionRefused, headers: dict[str, str] | None = None) -> ApiError:
+    """`headers`: the key's x-ratelimit-* headers, when it has limits of its own."""
     if refusal.status == 429:
+        tokens = refusal.reason == "rate_limited_key_tokens"
+        message = refusal.message
+        if refusal.reason in {"rate_limited_key_requests", "rate_limited_key_tokens"}:
+            per_minute = "tokens per minute (TPM)" if tokens else "requests per minute (RPM)"
+            message = (
+                f"Rate limit reached for {per_minute} on this API key. "
+                f"Please try again in {refusal.retry_after_s}s."
+            )
         return ApiError(
             429,
-            refusal.message,
-            type="requests",
+            message,
+            type="tokens" if tokens else "requests",
             code="rate_limit_exceeded",
             retry_after_s=refusal.retry_after_s,
+            headers=headers,
         )
     return ApiError(
         refusal.status,
@@ -99,6 +154,7 @@ def api_error_for_refusal(refusal: AdmissionRefused) -> ApiError:
         type="server_error",
         code=refusal.reason,
         retry_after_s=refusal.retry_after_s,
+        headers=headers,
     )
 
 
@@ -137,34 +193,33 @@ def _validation_error(exc: ValidationError, prefix: str) -> ApiError:
     return invalid(f"Invalid value for `{param}`: {error['msg']}.", param)
 
 
-def _context_check(request: ChatCompletionRequest, param: str) -> None:
+def _context_check(prompt_tokens: int, max_tokens: int, *, param: str, prompt_name: str) -> None:
     """Refuse, before it is queued, a prompt that the model's context cannot hold with its answer."""
-    try:
-        prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
-    except ChatTemplateError as exc:
-        raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
     context = settings.INFERENCE_MAX_MODEL_LEN
-    max_tokens = request.answer_max_tokens
     if prompt_tokens + max_tokens > context:
         raise ApiError(
             400,
             f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, {max_tokens} in "
-            "the completion). Please reduce the length of the messages or completion.",
+            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_name}, {max_tokens} in "
+            f"the completion). Please reduce the length of the {prompt_name} or completion.",
             param=param,
             code="context_length_exceeded",
         )
 
 
-def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = False) -> ChatCompletionRequest:
-    """Validate a chat completion request body (already decoded JSON); raises ApiError(400).
-    A job's requests are answered whole, one choice each, from the stored answer's text."""
+def _parsed(model: type[SamplingRequestT], data: Any, param_prefix: str) -> SamplingRequestT:
     if not isinstance(data, dict):
         raise invalid("The request body must be a JSON object.", param_prefix.rstrip(".") or None)
     try:
-        request = ChatCompletionRequest.model_validate(data)
+        return model.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc, param_prefix) from None
+
+
+def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = False) -> ChatCompletionRequest:
+    """Validate a chat completion request body (already decoded JSON); raises ApiError(400).
+    A job's requests are answered whole, one choice each, from the stored answer's text."""
+    request = _parsed(ChatCompletionRequest, data, param_prefix)
     if in_job:
         for name, used in (
             ("stream", request.stream),
@@ -174,7 +229,20 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = Fals
         ):
             if used:
                 raise invalid(f"`{name}` is not available for requests in a job.", param_prefix + name)
-    _context_check(request, param_prefix + "messages")
+    param = param_prefix + "messages"
+    try:
+        prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
+    except ChatTemplateError as exc:
+        raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
+    _context_check(prompt_tokens, request.answer_max_tokens, param=param, prompt_name="messages")
+    return request
+
+
+def text_completion_request_parse(data: Any) -> CompletionRequest:
+    """Validate a /v1/completions body (already decoded JSON); raises ApiError(400)."""
+    request = _parsed(CompletionRequest, data, "")
+    prompt_tokens = text_prompt_token_count(request.prompt_text, model_path=settings.INFERENCE_MODEL)
+    _context_check(prompt_tokens, request.answer_max_tokens, param="prompt", prompt_name="prompt")
     return request
 
 
@@ -218,23 +286,86 @@ class ChoiceOutcome:
     logprobs: list[TokenLogprob] | None = None
 
 
-def logprobs_shape(entries: Iterable[TokenLogprob]) -> ChoiceLogprobs:
-    return ChoiceLogprobs(content=[TokenLogprobShape.model_validate(entry.to_dict()) for entry in entries])
+def logprobs_shape(entries: Iterable[TokenLogprob], top: int) -> ChoiceLogprobs:
+    """A chat choice's logprobs: each token with the first `top` of its candidates (the sampled
+    token first), as vLLM's chat server keeps them."""
+    content = []
+    for entry in entries:
+        data = entry.to_dict()
+        content.append(TokenLogprobShape.model_validate({**data, "top_logprobs": data["top_logprobs"][:top]}))
+    return ChoiceLogprobs(content=content)
 
 
-def required_tool_calls(text: str) -> list[ToolCall]:
+def text_logprobs_shape(
+    entries: Iterable[TokenLogprob], top: int, text_offset: int = 0
+) -> CompletionLogprobs:
+    """A text choice's logprobs as vLLM's completions server writes them: the tokens, their
+    logprobs, each one's candidates as {token: logprob} (the sampled token and `top` more) and
+    where each token starts in the answer's text (counting on from `text_offset`, where the
+    previous chunk's tokens ended)."""
+    shape = CompletionLogprobs(text_offset=[], token_logprobs=[], tokens=[], top_logprobs=[])
+    for entry in entries:
+        shape.tokens.append(entry.token)
+        shape.token_logprobs.append(entry.logprob)
+        shape.top_logprobs.append({c.token: c.logprob for c in entry.top_logprobs[: top + 1]})
+        shape.text_offset.append(text_offset)
+        text_offset += len(entry.token)
+    return shape
+
+
+_JSON = json.JSONDecoder()
+_WHITESPACE = re.compile(r"\s*")
+
+
+def _written_parameters(text: str) -> list[str | None]:
+    """Each call's `parameters` as the model wrote them, whitespace kept, in a JSON list of
+    {name, parameters} objects already known to be valid."""
+
+    def skip(position: int) -> int:
+        match = _WHITESPACE.match(text, position)
+        assert match is not None  # \s* always matches
+        return match.end()
+
+    written: list[str | None] = []
+    position = skip(skip(0) + 1)  # past "["
+    while text[position : position + 1] == "{":
+        position = skip(position + 1)
+        parameters = None
+        while text[position : position + 1] == '"':
+            key, position = _JSON.raw_decode(text, position)
+            start = skip(skip(position) + 1)  # past ":"
+            _, position = _JSON.raw_decode(text, start)
+            if key == "parameters":
+                parameters = text[start:position]
+            position = skip(position)
+            if text[position : position + 1] == ",":
+                position = skip(position + 1)
+        written.append(parameters)
+        position = skip(position + 1)  # past "}"
+        if text[position : position + 1] == ",":
+            position = skip(position + 1)
+    return written
+
+
+def required_tool_calls(text: str, *, as_written: bool = False) -> list[ToolCall]:
     """The calls in a "required" answer (a JSON list of {name, parameters}); none when the text
-    is not such a list (cut short by max_tokens), as vLLM's server answers then."""
+    is not such a list (cut short by max_tokens), as vLLM's server answers then. Arguments are
+    the parameters re-encoded, as vLLM's whole answer gives them, or `as_written` by the model,
+    as vLLM's stream gives them."""
     try:
         called = _CALLED_FUNCTIONS.validate_json(text)
     except ValidationError:
         return []
+    written = _written_parameters(text) if as_written else [None] * len(called)
     return [
         ToolCall(
             id=tool_call_id(),
-            function=FunctionCall(name=call.name, arguments=json.dumps(call.parameters, ensure_ascii=False)),
+            function=FunctionCall(
+                name=call.name,
+                arguments=raw if raw is not None else json.dumps(call.parameters, ensure_ascii=False),
+            ),
         )
-        for call in called
+        for call, raw in zip(called, written, strict=True)
     ]
 
 
@@ -262,7 +393,7 @@ def choice_object(index: int, outcome: ChoiceOutcome, request: ChatCompletionReq
             finish_reason = "tool_calls"
     logprobs = None
     if request is not None and request.logprobs:
-        logprobs = logprobs_shape(outcome.logprobs or ())
+        logprobs = logprobs_shape(outcome.logprobs or (), request.top_logprobs or 0)
     return Choice(index=index, message=message, logprobs=logprobs, finish_reason=finish_reason)
 
 
@@ -313,6 +444,75 @@ class ChunkHeader:
             choices=[]
             if delta is None
             else [ChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason)],
+        )
+        if self.include_usage:
+            chunk.usage = None  # OpenAI: null on every chunk but the last
+        return chunk.model_dump(mode="json", exclude_unset=True)
+
+    def usage_chunk(self, usage: Usage) -> dict[str, Any]:
+        return {**self.chunk(None), "usage": usage_object(usage)}
+
+
+def text_completion_id(request_id: str) -> str:
+    return "cmpl-" + request_id.replace("-", "")
+
+
+def text_completion_object(
+    *,
+    request_id: str,
+    created: int,
+    model: str,
+    choices: list[ChoiceOutcome],
+    usage: Usage,
+    request: CompletionRequest,
+) -> dict[str, Any]:
+    """A whole text completion (`object: text_completion`)."""
+    top = request.logprobs
+    return TextCompletion(
+        id=text_completion_id(request_id),
+        created=created,
+        model=model,
+        choices=[
+            TextChoice(
+                index=index,
+                text=outcome.text,
+                logprobs=None if top is None else text_logprobs_shape(outcome.logprobs or (), top),
+                finish_reason=outcome.finish_reason,
+            )
+            for index, outcome in enumerate(choices)
+        ],
+        usage=_usage_shape(usage),
+    ).model_dump(mode="json")
+
+
+@dataclass(frozen=True, slots=True)
+class TextChunkHeader:
+    """What every chunk of one streamed text completion repeats: chunks are text_completion
+    objects with the new text; with `include_usage`, a last chunk with no choices holds usage."""
+
+    request_id: str
+    created: int
+    model: str
+    include_usage: bool
+
+    def chunk(
+        self,
+        text: str | None,
+        finish_reason: str | None = None,
+        *,
+        index: int = 0,
+        logprobs: CompletionLogprobs | None = None,
+    ) -> dict[str, Any]:
+        """A chunk with one choice, or with none (the closing usage chunk) when `text` is None."""
+        chunk = TextCompletionChunk(
+            id=text_completion_id(self.request_id),
+            object="text_completion",
+            created=self.created,
+            model=self.model,
+            system_fingerprint=None,
+            choices=[]
+            if text is None
+            else [TextChoice(index=index, text=text, logprobs=logprobs, finish_reason=finish_reason)],
         )
         if self.include_usage:
             chunk.usage = None  # OpenAI: null on every chunk but the last

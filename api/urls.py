@@ -11,6 +11,7 @@ urlpatterns = [
     path("models", api.models, name="models"),
     path("models/<path:model_id>", api.model_detail, name="model"),
     path("chat/completions", api.chat_completions, name="chat_completions"),
+    path("completions", api.text_completions, name="completions"),
     path("jobs", api.job_create, name="jobs"),
     path("jobs/<uuid:job_id>", api.job_detail, name="job"),
     path("jobs/<uuid:job_id>/cancel", api.job_cancel, name="job_cancel"),

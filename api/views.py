@@ -1,7 +1,9 @@
-"""The OpenAI-compatible API under /v1/: models, chat completions (whole or streamed), batch jobs.
+"""The OpenAI-compatible API under /v1/: models, chat and text completions (whole or streamed),
+batch jobs.
 
 Callers are code, not browsers: a Bearer API key authenticates every call, there is no session
-and no CSRF. Views parse, authenticate, call one service and answer in OpenAI's shapes.
+and no CSRF. Views parse, authenticate, call one service and answer in OpenAI's shapes. Every
+answer to a key with limits of its own carries OpenAI's x-ratelimit-* headers.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from functools import wraps
 from typing import Any
 from uuid import UUID
 
+import redis
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -32,17 +35,44 @@ from api.openai_shapes import (
     job_requests_parse,
     model_list,
     model_object,
+    ratelimit_headers,
+    text_completion_request_parse,
 )
 from chat.sse import SSE_HEADERS
 from scheduler.admission import AdmissionRefused
+from scheduler.key_limits import key_limit_peek
 from scheduler.models import Variant
 from scheduler.workers import live_workers
 
 View = Callable[..., Any]
+# The key a request authenticated with, kept on the request for the x-ratelimit-* headers.
+API_KEY_ATTRIBUTE = "api_key"
+
+
+def _unreported_limits(request: HttpRequest, response: HttpResponse) -> ApiKey | None:
+    """The key whose limits this answer should report and does not yet: all answers but admitted
+    or rate-limited completions, which report the state their admission read."""
+    api_key: ApiKey | None = getattr(request, API_KEY_ATTRIBUTE, None)
+    if api_key is None or not api_key.limits.any:
+        return None
+    reported = any(response.has_header(f"x-ratelimit-limit-{kind}") for kind in ("requests", "tokens"))
+    return None if reported else api_key
+
+
+def _ratelimit_headers_add(api_key: ApiKey, response: HttpResponse) -> HttpResponse:
+    """The key's limits as they stand, read without charging them."""
+    try:
+        state = key_limit_peek(api_key.client_id, api_key.limits)
+    except redis.RedisError:
+        return response  # the answer matters more than its headers
+    for name, value in ratelimit_headers(state).items():
+        response[name] = value
+    return response
 
 
 def api_view(method: str) -> Callable[[View], View]:
-    """CSRF-exempt (bearer auth), one HTTP method, and ApiError answered in OpenAI's shape."""
+    """CSRF-exempt (bearer auth), one HTTP method, ApiError answered in OpenAI's shape, and the
+    key's x-ratelimit-* headers."""
 
     def not_allowed() -> HttpResponse:
         response = ApiError(405, f"Use {method} for this endpoint.").response()
@@ -57,9 +87,13 @@ def api_view(method: str) -> Callable[[View], View]:
                 if request.method != method:
                     return not_allowed()
                 try:
-                    return await view(request, *args, **kwargs)
+                    response = await view(request, *args, **kwargs)
                 except ApiError as exc:
-                    return exc.response()
+                    response = exc.response()
+                api_key = _unreported_limits(request, response)
+                if api_key is not None:
+                    await sync_to_async(_ratelimit_headers_add)(api_key, response)
+                return response
 
             return csrf_exempt(async_wrapper)
 
@@ -68,9 +102,11 @@ def api_view(method: str) -> Callable[[View], View]:
             if request.method != method:
                 return not_allowed()
             try:
-                return view(request, *args, **kwargs)
+                response = view(request, *args, **kwargs)
             except ApiError as exc:
-                return exc.response()
+                response = exc.response()
+            api_key = _unreported_limits(request, response)
+            return response if api_key is None else _ratelimit_headers_add(api_key, response)
 
         return csrf_exempt(wrapper)
 
@@ -86,9 +122,11 @@ def _authenticated(request: HttpRequest) -> ApiKey:
             code="invalid_api_key",
         )
     try:
-        return api_keys.api_key_authenticate(plaintext=token.strip())
+        api_key = api_keys.api_key_authenticate(plaintext=token.strip())
     except api_keys.ApiKeyInvalid as exc:
         raise ApiError(401, str(exc), code="invalid_api_key") from exc
+    setattr(request, API_KEY_ATTRIBUTE, api_key)
+    return api_key
 
 
 def _json_body(request: HttpRequest) -> Any:
@@ -148,26 +186,45 @@ def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
     return JsonResponse(model_object(model_id, live[model_id]))
 
 
-def _completion_admit(request: HttpRequest) -> completions.SubmittedCompletion:
+def _completion_admit(
+    request: HttpRequest, parse: Callable[[Any], completions.AnyCompletionRequest]
+) -> completions.SubmittedCompletion:
     """Authenticate, validate and submit: everything synchronous, in one trip to a thread."""
     api_key = _authenticated(request)
-    chat_request = chat_request_parse(_json_body(request))
+    parsed = parse(_json_body(request))
     try:
-        return completions.completion_submit(api_key=api_key, request=chat_request)
+        return completions.completion_submit(api_key=api_key, request=parsed)
     except AdmissionRefused as refusal:
-        raise api_error_for_refusal(refusal) from None
+        headers = ratelimit_headers(refusal.key_state) if refusal.key_state else None
+        raise api_error_for_refusal(refusal, headers) from None
 
 
-@api_view("POST")
-async def chat_completions(request: HttpRequest) -> HttpResponse:
-    submitted = await sync_to_async(_completion_admit)(request)
+async def _completion_answer(
+    request: HttpRequest, parse: Callable[[Any], completions.AnyCompletionRequest]
+) -> HttpResponse:
+    submitted = await sync_to_async(_completion_admit)(request, parse)
     if submitted.request.stream:
-        return StreamingHttpResponse(
+        response: HttpResponse = StreamingHttpResponse(
             completions.completion_stream(submitted),
             content_type="text/event-stream",
             headers=SSE_HEADERS,
         )
-    return JsonResponse(await completions.completion_collect(submitted))
+    else:
+        response = JsonResponse(await completions.completion_collect(submitted))
+    for name, value in submitted.ratelimit_headers.items():
+        response[name] = value
+    return response
+
+
+@api_view("POST")
+async def chat_completions(request: HttpRequest) -> HttpResponse:
+    return await _completion_answer(request, chat_request_parse)
+
+
+@api_view("POST")
+async def text_completions(request: HttpRequest) -> HttpResponse:
+    """The legacy /v1/completions: a raw prompt, no chat template."""
+    return await _completion_answer(request, text_completion_request_parse)
 
 
 def _owned_job(request: HttpRequest, job_id: UUID) -> BatchJob:

@@ -1,7 +1,7 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
 Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, cache,
-autoscale, quality (see docs/BENCHMARKS.md).
+autoscale, quality, peer (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -63,10 +63,13 @@ def main() -> None:
             "cache",
             "autoscale",
             "quality",
+            "peer",
         ],
     )
     parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
-    parser.add_argument("--rounds", type=int, default=3, help="overhead: interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="overhead, peer: interleaved rounds")
+    parser.add_argument("--input-len", type=int, default=128, help="peer: the random dataset's prompt tokens")
+    parser.add_argument("--output-len", type=int, default=64, help="peer: tokens per answer")
     parser.add_argument("--streams", default="200,1000,2000", help="fanout: stream counts")
     parser.add_argument("--idle-streams", type=int, default=2000)
     parser.add_argument(
@@ -150,7 +153,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from bench import autoscale, plots, scenarios, soak
+    from bench import autoscale, peer, plots, scenarios, soak
 
     plots.pyplot()  # without matplotlib, stop now rather than after the run
 
@@ -216,6 +219,20 @@ def main() -> None:
                 f"{run['refused_after_step']['normal']}/{run['sent_after_step']['normal']}  "
                 f"failed {run['failed']}"
             )
+    elif args.scenario == "peer":
+        report = peer.peer(
+            rounds=args.rounds, concurrencies=[1, 16], input_len=args.input_len, output_len=args.output_len
+        )
+        name = "peer"
+        png = plots.peer(report, args.out / f"{name}.png")
+        for dataset, rows in report["table"].items():
+            for c, row in rows.items():
+                print(
+                    f"{dataset:<6} c={c:<3} tok/s product {row['product_tokens_per_s']:7.1f}  vllm serve "
+                    f"{row['vllm_serve_tokens_per_s']:7.1f}  ({row['throughput_ratio']:.2f}x)   TTFT to text "
+                    f"p50 product {row['product_ttft_to_text_p50_ms']:7.1f} ms  vllm serve "
+                    f"{row['vllm_serve_ttft_to_text_p50_ms']:7.1f} ms  ({row['added_ttft_p50_ms']:+.1f} ms)"
+                )
     elif args.scenario == "console":
         report = scenarios.console(tabs=[int(n) for n in args.tabs.split(",")], window_s=20.0, refusals=4)
         name = "console"

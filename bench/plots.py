@@ -233,3 +233,32 @@ def quality(report: dict, path: Path) -> Path:
     )
     axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     return _save(figure, path)
+
+
+def peer(report: dict, path: Path) -> Path:
+    """Output tokens/s and TTFT p50 (to the first text) of the product and of `vllm serve`,
+    per dataset and concurrency."""
+    plt = pyplot()
+    groups = [(dataset, c) for dataset, rows in report["table"].items() for c in rows]
+    rows = [report["table"][dataset][c] for dataset, c in groups]
+    figure, (tps, ttft) = plt.subplots(1, 2, figsize=(11, 4))
+    x = range(len(groups))
+    width = 0.38
+    labels = [f"{dataset}\nc={c}" for dataset, c in groups]
+    for axis, field, ylabel, title in (
+        (tps, "tokens_per_s", "output tokens/s", "Output throughput"),
+        (ttft, "ttft_to_text_p50_ms", "TTFT p50 (ms)", "Time to first text"),
+    ):
+        axis.bar(
+            [i - width / 2 for i in x],
+            [r[f"vllm_serve_{field}"] or 0 for r in rows],
+            width,
+            label="vllm serve",
+        )
+        axis.bar(
+            [i + width / 2 for i in x], [r[f"product_{field}"] or 0 for r in rows], width, label="product /v1"
+        )
+        axis.set(xticks=list(x), xticklabels=labels, ylabel=ylabel, title=title)
+        axis.legend()
+    figure.suptitle(f"vllm bench serve, {report['rounds']} alternating rounds (median)")
+    return _save(figure, path)

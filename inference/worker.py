@@ -325,7 +325,10 @@ class InferenceWorker:
             return
         self._emit(job, Start(worker=self.worker_id, variant=job.generation.variant, attempt=job.attempt))
         request = GenerationRequest(
-            request_id=job.request_id, messages=job.generation.messages, sampling=job.generation.sampling
+            request_id=job.request_id,
+            messages=job.generation.messages,
+            sampling=job.generation.sampling,
+            prompt=job.generation.prompt,
         )
         started = time.monotonic()
         ttft_ms: float | None = None
@@ -409,7 +412,10 @@ class InferenceWorker:
             worker_metrics.answer_observe(variant=variant, tier=job.tier, outcome=outcome)
         await self._retrying(
             lambda: request_finished(
-                self.queue.client, client_id=job.generation.client_id, request_id=job.request_id
+                self.queue.client,
+                client_id=job.generation.client_id,
+                request_id=job.request_id,
+                tokens_used=outcome.usage.prompt_tokens + outcome.usage.completion_tokens,
             )
         )
         if outcome.error_code:

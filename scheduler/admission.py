@@ -15,8 +15,9 @@ import redis.asyncio as aioredis
 from django.conf import settings
 from django.utils import timezone
 
-from scheduler import keys, metrics, timeseries
+from scheduler import key_limits, keys, metrics, timeseries
 from scheduler.generation import Done, GenerationJob, Start, Tier, Timings, Token, Usage, event_encode
+from scheduler.key_limits import KeyLimits, KeyLimitState
 from scheduler.models import Generation
 from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
@@ -34,18 +35,31 @@ _MESSAGES = {
     "address": "Too many messages from your network. Please wait a moment.",
     "tier": "Many people are writing right now. Please try again in a moment.",
     "global": "Many people are writing right now. Please try again in a moment.",
+    key_limits.REQUESTS_BUCKET: "This API key has sent its requests for this minute.",
+    key_limits.TOKENS_BUCKET: "This API key has used its tokens for this minute.",
 }
 
 
 class AdmissionRefused(Exception):
-    """`status` is the HTTP status the refusal maps to: 429 (rate) or 503 (capacity, outage)."""
+    """`status` is the HTTP status the refusal maps to: 429 (rate) or 503 (capacity, outage).
+    `key_state`: the API key's own limits as the decision read them (None: no limits, or not
+    read)."""
 
-    def __init__(self, *, status: int, reason: str, retry_after_s: float, message: str) -> None:
+    def __init__(
+        self,
+        *,
+        status: int,
+        reason: str,
+        retry_after_s: float,
+        message: str,
+        key_state: KeyLimitState | None = None,
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.reason = reason
         self.retry_after_s = max(1, math.ceil(retry_after_s))
         self.message = message
+        self.key_state = key_state
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +70,7 @@ class Admission:
     tier: Tier
     position: int
     predicted_wait_s: float
+    key_state: KeyLimitState | None = None  # the API key's own limits after this request
 
 
 def _buckets(policy: Policy, client_id: str, client_address: str | None) -> list[Bucket]:
@@ -84,22 +99,37 @@ def _buckets(policy: Policy, client_id: str, client_address: str | None) -> list
     return buckets
 
 
-def request_submit(*, job: GenerationJob, client_address: str | None = None) -> Admission:
+def request_submit(
+    *,
+    job: GenerationJob,
+    client_address: str | None = None,
+    limits: KeyLimits | None = None,
+    tokens: int = 0,
+) -> Admission:
     """Admit and enqueue a generation request, or raise AdmissionRefused.
 
     `client_address` is given for guests only: their sessions are free to make, their address
-    is not.
+    is not. `limits` are an API key's own; `tokens` is the most the request may use (prompt and
+    `max_tokens`), which its key's tokens bucket reserves.
     """
     generation_create(job=job)
-    return request_admit(job=job, client_address=client_address)
+    return request_admit(job=job, client_address=client_address, limits=limits, tokens=tokens)
 
 
-def request_admit(*, job: GenerationJob, client_address: str | None = None) -> Admission:
+def request_admit(
+    *,
+    job: GenerationJob,
+    client_address: str | None = None,
+    limits: KeyLimits | None = None,
+    tokens: int = 0,
+) -> Admission:
     """Admit and enqueue a request whose record the caller has already written (in its own
     transaction, with what it stores beside it), or raise AdmissionRefused and discard the
     record."""
     try:
-        admission = _admit(job=job, client_address=client_address)
+        admission = _admit(
+            job=job, client_address=client_address, limits=limits or KeyLimits(), tokens=tokens
+        )
     except AdmissionRefused as refusal:
         generation_discard(request_id=job.request_id)
         # Redis just failed this request: counting the refusal there would only wait again.
@@ -111,15 +141,22 @@ def request_admit(*, job: GenerationJob, client_address: str | None = None) -> A
     return admission
 
 
-def _rate_limit(job: GenerationJob, policy: Policy, buckets: list[Bucket]) -> None:
-    """Take the request's tokens and count it in progress, or raise AdmissionRefused (429)."""
+def _rate_limit(
+    job: GenerationJob, policy: Policy, buckets: list[Bucket], own: list[Bucket]
+) -> KeyLimitState | None:
+    """Take the request's tokens and count it in progress, or raise AdmissionRefused (429).
+    `own` are the API key's own buckets among `buckets`; returns their state (None: none)."""
     decision = rate_limit_take(
         buckets,
         inflight_key=keys.inflight(job.client_id),
         max_inflight=policy.max_concurrent_per_user,
         request_id=job.request_id,
-        lapse_s=policy.max_wait_s + settings.GENERATION_TIMEOUT_S,
+        lapse_s=_lapse_s(policy),
     )
+    key_state = None
+    if own and decision.levels:
+        levels = {bucket.key: level for bucket, level in zip(buckets, decision.levels, strict=True)}
+        key_state = key_limits.key_limit_state(own, levels)
     if not decision.allowed:
         concurrency = decision.limited_by == "concurrency"
         raise AdmissionRefused(
@@ -127,7 +164,13 @@ def _rate_limit(job: GenerationJob, policy: Policy, buckets: list[Bucket]) -> No
             reason="too_many_in_progress" if concurrency else f"rate_limited_{decision.limited_by}",
             retry_after_s=CONCURRENCY_RETRY_AFTER_S if concurrency else decision.retry_after_s,
             message=_MESSAGES[decision.limited_by or "global"],
+            key_state=key_state,
         )
+    return key_state
+
+
+def _lapse_s(policy: Policy) -> float:
+    return policy.max_wait_s + settings.GENERATION_TIMEOUT_S
 
 
 def _unavailable(exc: Exception) -> AdmissionRefused:
@@ -139,13 +182,19 @@ def _unavailable(exc: Exception) -> AdmissionRefused:
     )
 
 
-def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
+def _admit(*, job: GenerationJob, client_address: str | None, limits: KeyLimits, tokens: int) -> Admission:
     request_id, client_id = job.request_id, job.client_id
+    key_state: KeyLimitState | None = None
     try:
         policy = tier_policy(job.tier)
-        buckets = _buckets(policy, client_id, client_address)
+        own = key_limits.key_buckets(client_id, limits, tokens=tokens)
+        buckets = [*own, *_buckets(policy, client_id, client_address)]
         inflight_key = keys.inflight(client_id)
-        _rate_limit(job, policy, buckets)
+        key_state = _rate_limit(job, policy, buckets, own)
+        if limits.tokens_per_minute is not None:
+            key_limits.key_tokens_reserve(
+                client_id=client_id, request_id=request_id, tokens=tokens, lapse_s=_lapse_s(policy)
+            )
         queued = job_enqueue(
             tier=job.tier if settings.SCHEDULER_PRIORITY else Tier.NORMAL,
             job=job,
@@ -155,6 +204,7 @@ def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
         )
         if not queued.admitted:
             rate_limit_refund(buckets, inflight_key=inflight_key, request_id=request_id)
+            key_limits.key_tokens_release(client_id=client_id, request_id=request_id)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise _unavailable(exc) from exc
     if not queued.admitted:
@@ -171,6 +221,7 @@ def _admit(*, job: GenerationJob, client_address: str | None) -> Admission:
         tier=job.tier,
         position=queued.position,
         predicted_wait_s=queued.predicted_wait_s,
+        key_state=key_state,
     )
 
 
@@ -186,24 +237,39 @@ class CachedAnswer:
 
 
 def request_answer_cached(
-    *, job: GenerationJob, answer: CachedAnswer, client_address: str | None = None
+    *,
+    job: GenerationJob,
+    answer: CachedAnswer,
+    client_address: str | None = None,
+    limits: KeyLimits | None = None,
+    tokens: int = 0,
 ) -> Admission:
     """Answer a request from the result cache: no queue, no worker, no GPU slot. The request
     still passes its rate limits (a hit is cheap, a flood of them is not free), gets its
     record, finished at once, and a result stream in the same contract as a generated answer,
-    whose `done` says `cached`. Raises AdmissionRefused as request_submit does."""
+    whose `done` says `cached`. `limits` are an API key's own; `tokens` is what the answer
+    used (prompt and completion), which its key's tokens bucket is charged outright (nothing
+    is reserved, so nothing is settled later). Raises AdmissionRefused as request_submit does."""
     generation_create(job=job)
-    return request_admit_cached(job=job, answer=answer, client_address=client_address)
+    return request_admit_cached(
+        job=job, answer=answer, client_address=client_address, limits=limits, tokens=tokens
+    )
 
 
 def request_admit_cached(
-    *, job: GenerationJob, answer: CachedAnswer, client_address: str | None = None
+    *,
+    job: GenerationJob,
+    answer: CachedAnswer,
+    client_address: str | None = None,
+    limits: KeyLimits | None = None,
+    tokens: int = 0,
 ) -> Admission:
     """request_answer_cached for a request whose record the caller has already written (in
     its own transaction, with what it stores beside it); a refusal discards the record."""
     try:
         policy = tier_policy(job.tier)
-        _rate_limit(job, policy, _buckets(policy, job.client_id, client_address))
+        own = key_limits.key_buckets(job.client_id, limits or KeyLimits(), tokens=tokens)
+        key_state = _rate_limit(job, policy, [*own, *_buckets(policy, job.client_id, client_address)], own)
         usage = Usage(completion_tokens=answer.completion_tokens)
         events = [
             Start(worker="cache", variant=job.variant, attempt=1),
@@ -254,9 +320,15 @@ def request_admit_cached(
         tier=job.tier,
         position=0,
         predicted_wait_s=0.0,
+        key_state=key_state,
     )
 
 
-async def request_finished(client: aioredis.Redis, *, client_id: str, request_id: str) -> None:
-    """The request no longer counts against its client's concurrency limit."""
-    await client.zrem(keys.inflight(client_id), request_id)
+async def request_finished(
+    client: aioredis.Redis, *, client_id: str, request_id: str, tokens_used: int
+) -> None:
+    """The request no longer counts against its client's concurrency limit, and its API key's
+    token reservation is settled with what it used. Idempotent."""
+    await key_limits.request_settle(
+        client, client_id=client_id, request_id=request_id, tokens_used=tokens_used
+    )

@@ -133,7 +133,10 @@ class SamplingParams:
 @dataclass(frozen=True, slots=True)
 class GenerationJob:
     """One generation request as it waits in a queue. The queue entry adds when it was enqueued
-    and its deadline (`max_wait_s` later, by Redis's clock): see scheduler.queues.Job."""
+    and its deadline (`max_wait_s` later, by Redis's clock): see scheduler.queues.Job.
+
+    The prompt is either `messages`, rendered with the model's chat template, or `prompt`, a raw
+    text the model continues as it is (a text completion); `messages` is empty then."""
 
     request_id: str
     origin: Origin
@@ -145,6 +148,7 @@ class GenerationJob:
     model: str  # whose workers answer it: the variant's model, resolved when it was built
     # How long the request may go unwatched before the worker cancels it; None: never (batch).
     disconnect_grace_s: float | None
+    prompt: str | None = None
 
     def encode(self) -> str:
         return json.dumps(
@@ -158,6 +162,7 @@ class GenerationJob:
                 "variant": self.variant,
                 "model": self.model,
                 "disconnect_grace_s": self.disconnect_grace_s,
+                "prompt": self.prompt,
             }
         )
 
@@ -174,6 +179,7 @@ class GenerationJob:
             variant=data["variant"],
             model=data["model"],
             disconnect_grace_s=data["disconnect_grace_s"],
+            prompt=data.get("prompt"),
         )
 
 
@@ -396,6 +402,11 @@ class AnswerFold:
     @property
     def finished(self) -> bool:
         return self.end is not None
+
+    @property
+    def has_tokens(self) -> bool:
+        """Some of the answer has been written (since the last reset)."""
+        return bool(self._parts)
 
     def unsent_tokens(self) -> list[Token]:
         """The token events added since the last call."""

@@ -77,6 +77,22 @@ def bucket_address(address: str) -> str:
 BUCKET_GLOBAL = "llm:{rl}:global"
 
 
+def bucket_key_requests(client_id: str) -> str:
+    """An API key's own requests-per-minute bucket (see scheduler/key_limits.py)."""
+    return f"llm:{{rl}}:key-rpm:{client_id}"
+
+
+def bucket_key_tokens(client_id: str) -> str:
+    """An API key's own tokens-per-minute bucket."""
+    return f"llm:{{rl}}:key-tpm:{client_id}"
+
+
+def key_token_reservations(client_id: str) -> str:
+    """Hash: request id -> tokens its admission took from the key's tokens bucket, until the
+    worker settles them with what the answer used."""
+    return f"llm:{{rl}}:key-tpm-reserved:{client_id}"
+
+
 def login_failures_username(username_digest: str) -> str:
     """Counter: failed sign-ins for one username in the current window (expires with it)."""
     return f"llm:login:user:{username_digest}"

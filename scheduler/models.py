@@ -197,6 +197,8 @@ class Generation(models.Model):
             models.Index(fields=["variant", "finished_at"]),
             # The console's cache figures over a recent window.
             models.Index(fields=["created_at", "cache"]),
+            # Each API key's usage per day (api.usage).
+            models.Index(fields=["origin", "created_at"]),
         ]
 
     def __str__(self) -> str:

@@ -91,6 +91,12 @@ class PromptEncoder:
         """One token's text, special tokens included (as vLLM's server shows them in logprobs)."""
         return self._template_tokenizer.decode([token_id], skip_special_tokens=False)
 
+    def encode_text(self, prompt: str) -> list[int]:
+        """A raw prompt's token ids, as vLLM's completions endpoint encodes one: no chat template,
+        the tokenizer's own special tokens added, and special tokens in the text recognised (the
+        caller writes the whole prompt, so there is no turn of someone else's to forge)."""
+        return self._template_tokenizer.encode(prompt, add_special_tokens=True).ids
+
 
 def _tojson(value: Any, indent: int | None = None) -> str:
     return json.dumps(value, ensure_ascii=False, indent=indent)
@@ -118,3 +124,12 @@ def prompt_token_count(messages: list[dict[str, str]], *, model_path: str) -> in
         return len(encoder.encode(messages))
     text_bytes = sum(len(message["content"].encode()) for message in messages)
     return text_bytes + BOUND_TOKENS_PER_MESSAGE * len(messages) + BOUND_TEMPLATE_TOKENS
+
+
+def text_prompt_token_count(prompt: str, *, model_path: str) -> int:
+    """Tokens a raw prompt takes: exact with the model's tokenizer, else its UTF-8 bytes plus
+    room for the special tokens a tokenizer adds."""
+    encoder = prompt_encoder(model_path)
+    if encoder is not None:
+        return len(encoder.encode_text(prompt))
+    return len(prompt.encode()) + BOUND_TOKENS_PER_MESSAGE

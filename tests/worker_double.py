@@ -16,13 +16,15 @@ from tests.generation_jobs import MODEL
 
 
 def queued(tier: str, model: str = MODEL) -> list[dict[str, Any]]:
-    """The jobs waiting in a tier's queue, flattened: request_id, messages, sampling fields..."""
+    """The jobs waiting in a tier's queue, flattened: request_id, messages or prompt, sampling
+    fields..."""
     entries = sync_redis().xrange(keys.queue(model, tier))
     jobs = [GenerationJob.decode(fields["job"]) for _, fields in entries]
     return [
         {
             "request_id": job.request_id,
             "messages": job.messages,
+            "prompt": job.prompt,
             "client_id": job.client_id,
             "disconnect_grace_s": job.disconnect_grace_s,
             **job.sampling.to_dict(),

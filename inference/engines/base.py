@@ -29,6 +29,8 @@ class GenerationRequest:
     sampling: SamplingParams = field(
         default_factory=lambda: SamplingParams(max_tokens=256, temperature=0.7, top_p=1.0)
     )
+    # A text completion's raw prompt, continued without the chat template; `messages` is empty.
+    prompt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -53,9 +53,11 @@ _JSON_PIECE = re.compile(r"\s*(?:\"(?:[^\"\\]|\\.)*\"|[^\s\"]{1,4})")
 
 
 def simulated_answer_tokens(request: GenerationRequest, count: int) -> list[str]:
-    """The deterministic answer of `count` tokens: labelled and echoing the question, then filler
-    words (starting where the seed says)."""
-    question = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
+    """The deterministic answer of `count` tokens: labelled and echoing the question (or a raw
+    prompt), then filler words (starting where the seed says)."""
+    question = request.prompt
+    if question is None:
+        question = next((m["content"] for m in reversed(request.messages) if m["role"] == "user"), "")
     words = ["[simulated]", "You", "asked:", *question.split()[:8], "—"]
     seed = request.sampling.seed
     start = 0 if seed is None else seed % len(_FILLER)
@@ -143,15 +145,23 @@ def _stopped(tokens: list[str], stop: tuple[str, ...], min_tokens: int) -> tuple
 
 
 def _logprobs(token: str, top: int) -> tuple[TokenLogprob, ...]:
-    """`top` candidates (-1: all the simulation knows), the sampled token first as in vLLM."""
+    """The sampled token, then `top` more candidates (-1: all the simulation knows), as vLLM's
+    engine returns them."""
     encoded = list(token.encode())
     others = [word + " " for word in dict.fromkeys(_FILLER) if word + " " != token]
     candidates = [
         TopLogprob(token=token, logprob=0.0, bytes=encoded),
         *(TopLogprob(token=word, logprob=MIN_LOGPROB, bytes=list(word.encode())) for word in others),
     ]
-    shown = candidates if top == -1 else candidates[:top]
+    shown = candidates if top == -1 else candidates[: top + 1]
     return (TokenLogprob(token=token, logprob=0.0, bytes=encoded, top_logprobs=tuple(shown)),)
+
+
+def _prompt_tokens(request: GenerationRequest) -> int:
+    """A word a token, plus what a chat template adds per message (a raw prompt has none)."""
+    if request.prompt is not None:
+        return len(request.prompt.split()) + 1
+    return sum(len(m["content"].split()) + 4 for m in request.messages)
 
 
 def _process_memory_bytes() -> int:
@@ -220,7 +230,7 @@ class SimulatedEngine:
         sequence = _Sequence(
             request=request,
             tokens=tokens,
-            prompt_tokens=sum(len(m["content"].split()) + 4 for m in request.messages),
+            prompt_tokens=_prompt_tokens(request),
             stopped=stopped,
         )
         fails_after = (

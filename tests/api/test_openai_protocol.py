@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
-from api.openai_shapes import ApiError, ChoiceOutcome, chat_request_parse, completion_object
+from api.openai_shapes import (
+    ApiError,
+    ChoiceOutcome,
+    chat_request_parse,
+    completion_object,
+    required_tool_calls,
+)
 from scheduler.generation import SamplingParams, StructuredOutput, TokenLogprob, TopLogprob, Usage
 
 HELLO = {"model": "stable", "messages": [{"role": "user", "content": "Where is my order?"}]}
@@ -77,11 +83,16 @@ def test_every_engine_parameter_reaches_the_sampling_params():
     assert SamplingParams.from_dict(request.sampling_params().to_dict()) == request.sampling_params()
 
 
-@override_settings(GENERATION_MAX_TOKENS=64, GENERATION_TEMPERATURE=0.7, GENERATION_TOP_P=0.95)
+@override_settings(GENERATION_MAX_TOKENS=64, GENERATION_TEMPERATURE=0, GENERATION_TOP_P=0.95)
 def test_left_out_parameters_take_the_service_defaults_and_vllm_s():
+    # The temperature is vLLM's and OpenAI's (1), not the chat's tuned one.
     assert chat_request_parse(HELLO).sampling_params() == SamplingParams(
-        max_tokens=64, temperature=0.7, top_p=0.95
+        max_tokens=64, temperature=1.0, top_p=0.95
     )
+
+
+def test_n_choices_need_no_temperature_as_on_vllm_serve():
+    assert chat_request_parse(HELLO | {"n": 2}).choices == 2
 
 
 def test_logprobs_without_top_logprobs_ask_for_the_sampled_token_only():
@@ -275,6 +286,18 @@ def test_a_text_answer_has_no_tool_calls_field_and_logprobs_in_openai_shape():
     assert (second["index"], second["logprobs"], second["finish_reason"]) == (1, {"content": []}, "length")
 
 
+def test_a_chat_choice_keeps_top_logprobs_candidates_of_what_the_engine_gave():
+    # The engines give the sampled token and `top_logprobs` more, as vLLM's engine; chat shows
+    # the first `top_logprobs` of them, as vLLM's chat server.
+    entry = TokenLogprob("Hi", -0.25, None, (TopLogprob("Hi", -0.25, None), TopLogprob("Yo", -2.0, None)))
+    completion = _completion(
+        HELLO | {"logprobs": True, "top_logprobs": 1},
+        ChoiceOutcome(text="Hi", finish_reason="stop", logprobs=[entry]),
+    )
+    [token] = completion["choices"][0]["logprobs"]["content"]
+    assert token["top_logprobs"] == [{"token": "Hi", "logprob": -0.25, "bytes": None}]
+
+
 def test_a_tool_call_and_its_result_go_back_to_the_model_as_the_template_reads_them():
     request = chat_request_parse(
         HELLO
@@ -300,4 +323,17 @@ def test_a_tool_call_and_its_result_go_back_to_the_model_as_the_template_reads_t
         {"role": "user", "content": "Where is order A1?"},
         {"role": "assistant", "content": ""},
         {"role": "tool", "content": "Shipped on Monday."},
+    ]
+
+
+def test_required_calls_give_their_arguments_re_encoded_or_as_the_model_wrote_them():
+    # vLLM's whole answer re-encodes each call's parameters; its stream sends them as written.
+    text = (
+        '[{"name": "order_status", "parameters": {\n  "order_id": "A}1"\n}},'
+        ' {"parameters": {}, "name": "refund"}]'
+    )
+    assert [call.function.arguments for call in required_tool_calls(text)] == ['{"order_id": "A}1"}', "{}"]
+    assert [call.function.arguments for call in required_tool_calls(text, as_written=True)] == [
+        '{\n  "order_id": "A}1"\n}',
+        "{}",
     ]

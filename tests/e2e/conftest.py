@@ -2,7 +2,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from django.conf import settings
 
+from launcher.vllm_serve import VllmServer
 from tests.e2e.stack import Stack
 
 # Generous limits: these tests are about the path of a message, not about refusals.
@@ -36,3 +38,51 @@ def running_stack(**settings_env: str):
 @pytest.fixture(scope="module")
 def stack():
     yield from running_stack()
+
+
+# The product on real vLLM, and vLLM's own server on the same engine: one of each per session,
+# shared by the modules that compare the two (each engine takes 30-60 s to start on CPU).
+VLLM_MAX_NUM_SEQS = 8
+VLLM_STACK_SETTINGS = {
+    "INFERENCE_ENGINE": "vllm",
+    "INFERENCE_MAX_NUM_SEQS": str(VLLM_MAX_NUM_SEQS),
+    "VIP_RESERVED_SLOTS": "0",
+    "GENERATION_TEMPERATURE": "0",
+}
+
+
+@pytest.fixture(scope="session")
+def vllm_stack():
+    yield from running_stack(**VLLM_STACK_SETTINGS)
+
+
+@pytest.fixture(scope="session")
+def vllm_serve():
+    """`vllm serve` with the worker's engine arguments (model folder, context, sequences, KV
+    cache, chat template), serving the model under the name of the stack's variant. It is
+    started, not yet ready: call `wait_ready()` once the product stack is up, so that the two
+    engines load at the same time."""
+    from inference.engines.vllm import engine_args, server_flags  # imports vLLM and torch
+
+    args = engine_args(
+        model_path=settings.INFERENCE_MODEL,
+        max_num_seqs=VLLM_MAX_NUM_SEQS,
+        max_model_len=settings.INFERENCE_MAX_MODEL_LEN,
+        gpu_memory_utilization=settings.INFERENCE_GPU_MEMORY_UTILIZATION,
+    )
+    server = VllmServer(
+        Path(tempfile.mkdtemp(prefix="vllm-serve-")),
+        engine_flags=server_flags(args),
+        served_model_name=settings.INFERENCE_VARIANT,
+        kv_cache_gib=settings.INFERENCE_KV_CACHE_GIB,
+        # vLLM answers a named or "required" tool choice with `tool_calls` only when a tool-call
+        # parser is enabled. `pythonic` forces those choices as the product does (the JSON schema
+        # of vLLM's tool-call structured output, no structural tag) and needs no special tokens;
+        # the "auto" it also enables is a 400 on the product (a documented deviation).
+        server_flags=("--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
+    )
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()

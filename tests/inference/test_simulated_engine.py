@@ -121,10 +121,28 @@ def test_structured_output_is_json_valid_against_the_schema():
     assert json.loads(_text(_answer(structured=StructuredOutput(json_object=True)))) == {"simulated": True}
 
 
-def test_logprobs_are_certain_with_the_top_candidates_after_the_sampled_token():
+def test_logprobs_are_certain_with_that_many_candidates_after_the_sampled_token():
     deltas = _answer(max_tokens=3, logprobs=2)
     entries = [entry for delta in deltas for entry in delta.logprobs]
     assert [entry.token for entry in entries] == [delta.text for delta in deltas]
     assert all(entry.logprob == 0.0 for entry in entries)
-    assert all([top.logprob for top in entry.top_logprobs] == [0.0, -9999.0] for entry in entries)
+    assert all([top.logprob for top in entry.top_logprobs] == [0.0, -9999.0, -9999.0] for entry in entries)
     assert _answer(max_tokens=3)[0].logprobs is None
+
+
+def test_a_raw_prompt_is_answered_without_chat_messages():
+    async def run() -> tuple[str, int]:
+        engine = SimulatedEngine(
+            max_num_seqs=1, prefill_s_per_token=0, decode_base_s=0, decode_per_seq_s=0, output_tokens=10
+        )
+        await engine.start()
+        try:
+            request = GenerationRequest(request_id="r", messages=[], prompt="Once upon a time")
+            deltas = [delta async for delta in engine.generate(request)]
+        finally:
+            await engine.shutdown()
+        return "".join(delta.text for delta in deltas), deltas[-1].prompt_tokens
+
+    text, prompt_tokens = asyncio.run(run())
+    assert text.startswith("[simulated] You asked: Once upon a time")
+    assert prompt_tokens == 5  # a word a token, and no chat template's own

@@ -19,9 +19,10 @@ import jsonschema
 import psutil
 import pytest
 from django.conf import settings
+from tokenizers import Tokenizer
 
 from inference.engines.base import Delta, EngineDeadError, GenerationRequest
-from inference.engines.vllm import VllmEngine
+from inference.engines.vllm import VllmEngine, engine_args, server_flags
 from inference.model_prep import default_model_dir, prepare_model
 from scheduler.generation import SamplingParams, StructuredOutput
 
@@ -206,7 +207,10 @@ def test_logprobs_come_with_every_token_and_are_at_most_zero(vllm_engine: Engine
     assert "".join(entry.token for entry in entries) == _text(deltas)
     for entry in entries:
         assert entry.logprob <= 0
+        # The sampled token and the 3 most likely, as vLLM's engine returns them (once each: greedy
+        # samples the most likely one).
         assert len(entry.top_logprobs) == 3
+        assert entry.top_logprobs[0].token == entry.token
         # Greedy: the sampled token is the most likely one.
         assert entry.logprob == max(top.logprob for top in entry.top_logprobs)
 
@@ -227,6 +231,21 @@ def test_a_json_schema_constrains_the_answer(vllm_engine: EngineOnLoop) -> None:
     jsonschema.validate(answer, schema)
 
 
+def test_a_raw_prompt_is_continued_without_the_chat_template(vllm_engine: EngineOnLoop) -> None:
+    prompt = "1, 2, 3, 4, 5, 6,"
+    raw = GenerationRequest(
+        request_id="raw-prompt",
+        messages=[],
+        prompt=prompt,
+        sampling=SamplingParams(max_tokens=8, temperature=0.0, top_p=1.0),
+    )
+    deltas = vllm_engine.run(_collect(vllm_engine.engine, raw))
+    assert "7" in "".join(d.text for d in deltas)
+    tokenizer = Tokenizer.from_file(str(Path(vllm_engine.engine.model_path) / "tokenizer.json"))
+    # The prompt's own tokens only: no system turn, no role markers.
+    assert deltas[-1].prompt_tokens == len(tokenizer.encode(prompt).ids)
+
+
 def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -> None:
     """Runs last in this module: it kills the shared engine's core process."""
     engine = vllm_engine.engine
@@ -244,3 +263,29 @@ def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -
             await _collect(engine, _request("after-death", "Hello", 4))
 
     vllm_engine.run(scenario())
+
+
+def test_vllm_serve_given_the_server_flags_builds_the_workers_engine():
+    """The differential tests compare the product with `vllm serve` started with these flags:
+    parsed by vLLM's own server, they must give the engine arguments the worker uses."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    def served(flags: list[str]) -> AsyncEngineArgs:
+        return AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(flags))
+
+    worker = engine_args(
+        model_path=settings.INFERENCE_MODEL, max_num_seqs=8, max_model_len=1024, gpu_memory_utilization=0.5
+    )
+    server = served(server_flags(worker))
+    # Where the server's own defaults differ from the dataclass's (LoRA, multimodal options), the
+    # worker keeps the dataclass's: none of them touches a text model's answers.
+    server_defaults, dataclass_defaults = vars(served([])), vars(AsyncEngineArgs())
+    own_defaults = {name for name, value in server_defaults.items() if dataclass_defaults[name] != value}
+    differing = {
+        name: (value, vars(server)[name])
+        for name, value in vars(worker).items()
+        if name not in own_defaults and vars(server)[name] != value
+    }
+    assert differing == {}

@@ -30,7 +30,7 @@ from scheduler.generation import (
 from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
 from scheduler.services import GenerationOutcome, generation_finish
-from tests.generation_jobs import generation_job
+from tests.generation_jobs import MODEL, generation_job
 
 
 def test_a_job_decodes_to_what_was_encoded():
@@ -67,6 +67,22 @@ def test_a_job_with_every_sampling_parameter_decodes_to_what_was_encoded():
     )
     job = generation_job()
     job = GenerationJob(**{**{f: getattr(job, f) for f in job.__dataclass_fields__}, "sampling": sampling})
+    assert GenerationJob.decode(job.encode()) == job
+
+
+def test_a_text_completion_job_keeps_its_raw_prompt():
+    job = GenerationJob(
+        request_id="5d0c7f0e-0000-4000-8000-000000000002",
+        origin=Origin.API,
+        messages=[],
+        sampling=SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0),
+        client_id="key:7",
+        tier=Tier.NORMAL,
+        variant="stable",
+        model=MODEL,
+        disconnect_grace_s=30.0,
+        prompt="<|im_start|>user\nOnce upon a time",
+    )
     assert GenerationJob.decode(job.encode()) == job
 
 

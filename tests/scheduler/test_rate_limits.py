@@ -63,3 +63,17 @@ def test_a_refund_gives_back_the_token_and_the_concurrency_place():
     assert _take([bucket], max_inflight=1, request_id="x").allowed
     rate_limit_refund([bucket], inflight_key=keys.inflight("c"), request_id="x")
     assert _take([bucket], max_inflight=1, request_id="y").allowed
+
+
+def test_a_bucket_charges_its_own_cost_and_reports_every_level():
+    requests = _bucket("requests", capacity=2, refill=0.001)
+    tokens = Bucket(keys.bucket_user("tokens"), "tokens", 100, 0.001, cost=30)
+    first = _take([requests, tokens])
+    assert first.allowed
+    assert first.levels == pytest.approx((1, 70), abs=0.01)
+    assert _take([requests, tokens]).levels == pytest.approx((0, 40), abs=0.01)
+    refused = _take([requests, tokens])
+    assert (refused.allowed, refused.limited_by) == (False, "requests")
+    assert refused.levels == pytest.approx((0, 40), abs=0.01)  # read, not charged
+    expensive = Bucket(keys.bucket_user("tokens"), "tokens", 100, 0.001, cost=50)
+    assert _take([expensive]).limited_by == "tokens"

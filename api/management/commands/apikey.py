@@ -1,10 +1,12 @@
 """`python manage.py apikey create --user alice [--tier vip] [--name ...]`, `apikey revoke <prefix>`,
-`apikey list [--user alice]`: API keys from the command line."""
+`apikey limits <prefix> [--requests-per-minute N] [--tokens-per-minute N]`, `apikey list
+[--user alice]`: API keys from the command line."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from admin_console import services as console_services
@@ -26,6 +28,12 @@ class Command(BaseCommand):
         )
         revoke = actions.add_parser("revoke", help="Revoke a key by the prefix `apikey list` shows.")
         revoke.add_argument("prefix")
+        limits = actions.add_parser(
+            "limits", help="Set a key's own limits per minute; a limit left out is unlimited."
+        )
+        limits.add_argument("prefix")
+        limits.add_argument("--requests-per-minute", type=int, default=None)
+        limits.add_argument("--tokens-per-minute", type=int, default=None, help="Prompt and completion.")
         listing = actions.add_parser("list", help="List keys (never their secret).")
         listing.add_argument("--user", help="Only this user's keys.")
 
@@ -50,16 +58,35 @@ class Command(BaseCommand):
         # The key alone on stdout, so that scripts can capture it.
         self.stdout.write(issued.plaintext)
 
-    def _revoke(self, options: dict[str, Any]) -> None:
-        prefix = options["prefix"].rstrip("…")
+    def _key(self, prefix: str) -> ApiKey:
+        prefix = prefix.rstrip("…")
         try:
-            key = api_keys.api_key_get(prefix=prefix)
+            return api_keys.api_key_get(prefix=prefix)
         except ApiKey.DoesNotExist as exc:
             raise CommandError(f"No key has the prefix {prefix!r}; see `manage.py apikey list`.") from exc
+
+    def _revoke(self, options: dict[str, Any]) -> None:
+        key = self._key(options["prefix"])
         if console_services.api_key_revoke(actor=None, api_key=key):
             self.stdout.write(f"Revoked {key.prefix}… of {key.owner.username}.")
         else:
             self.stdout.write(f"{key.prefix}… was already revoked.")
+
+    def _limits(self, options: dict[str, Any]) -> None:
+        key = self._key(options["prefix"])
+        try:
+            console_services.api_key_limits_set(
+                actor=None,
+                api_key=key,
+                requests_per_minute=options["requests_per_minute"],
+                tokens_per_minute=options["tokens_per_minute"],
+            )
+        except ValidationError as exc:
+            raise CommandError("; ".join(exc.messages)) from exc
+        rpm, tpm = key.requests_per_minute, key.tokens_per_minute
+        self.stdout.write(
+            f"{key.prefix}…: {rpm or 'unlimited'} requests and {tpm or 'unlimited'} tokens per minute."
+        )
 
     def _list(self, options: dict[str, Any]) -> None:
         owner = self._user(options["user"]) if options.get("user") else None
