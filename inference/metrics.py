@@ -84,6 +84,12 @@ JOBS_DEAD_LETTERED = Counter(
     "Jobs this worker moved to the dead-letter stream after they used up their attempts.",
     ["variant"],
 )
+PREEMPTIONS = Counter(
+    "llm_preemptions_total",
+    "Answers paused to give their slot to a VIP job (they resume from their streamed text), by "
+    "the paused answer's tier.",
+    LABELS,
+)
 _HISTOGRAMS = (QUEUE_WAIT, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, END_TO_END_LATENCY, OUTPUT_TOKENS)
 
 
@@ -121,6 +127,7 @@ def series_init(variant: str) -> None:
             GENERATIONS.labels(variant, tier, outcome)
         for histogram in _HISTOGRAMS:
             histogram.labels(variant, tier)
+        PREEMPTIONS.labels(variant, tier)
     JOBS_RECLAIMED.labels(variant)
     JOBS_DEAD_LETTERED.labels(variant)
 

@@ -67,9 +67,10 @@ class PromptEncoder:
         self._text_tokenizer = Tokenizer.from_file(tokenizer_file)
         self._text_tokenizer.encode_special_tokens = True
 
-    def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt's token ids, ending with the assistant's turn opened; raises
-        ChatTemplateError when the template refuses the messages."""
+    def encode(self, messages: list[dict[str, str]], *, assistant_prefix: str = "") -> list[int]:
+        """The prompt's token ids, ending with the assistant's turn opened (and, to continue an
+        answer, `assistant_prefix` written in it as text); raises ChatTemplateError when the
+        template refuses the messages."""
         placeholders = [{**message, "content": _PLACEHOLDER.format(n)} for n, message in enumerate(messages)]
         try:
             rendered = self._template.render(
@@ -85,6 +86,8 @@ class PromptEncoder:
                 ids += self._text_tokenizer.encode(content, add_special_tokens=False).ids
             elif piece:
                 ids += self._template_tokenizer.encode(piece, add_special_tokens=False).ids
+        if assistant_prefix:
+            ids += self._text_tokenizer.encode(assistant_prefix, add_special_tokens=False).ids
         return ids
 
     def decode_token(self, token_id: int) -> str:

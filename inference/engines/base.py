@@ -23,12 +23,24 @@ class EngineRequestError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class Continuation:
+    """The part of the answer already streamed before the worker preempted it: the engine
+    opens the assistant's turn with `text` (recomputing its KV, as vLLM does for a sequence it
+    preempts) and streams only what follows, counting `output_tokens` as already written."""
+
+    text: str
+    output_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str
     messages: list[dict[str, str]]  # OpenAI-style [{"role": ..., "content": ...}]
     sampling: SamplingParams = field(
         default_factory=lambda: SamplingParams(max_tokens=256, temperature=0.7, top_p=1.0)
     )
+    # Sampling limits (max and min tokens) apply to the whole answer, continuation included.
+    continuation: Continuation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,8 +48,8 @@ class Delta:
     """What one engine step produced for one request."""
 
     text: str
-    output_tokens: int  # cumulative output tokens so far
-    prompt_tokens: int
+    output_tokens: int  # cumulative output tokens of the whole answer (a continuation's included)
+    prompt_tokens: int  # the prompt's, without a continuation
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last delta
     # One entry per token of `text` when the request asked for logprobs, else None.
     logprobs: tuple[TokenLogprob, ...] | None = None
