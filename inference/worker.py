@@ -118,6 +118,7 @@ class _Running:
     preemptible: bool = False
     # Preempted: holds no slot until the claim loop resumes it (sets `resumed`).
     paused: bool = False
+    preempted: bool = False  # its task is being cancelled to pause it, not to end it
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
@@ -302,7 +303,7 @@ class InferenceWorker:
                 "worker %s: %s paused for VIP %s", self.worker_id, victim.job.request_id, jobs[0].request_id
             )
             worker_metrics.PREEMPTIONS.labels(self.config.variant, victim.job.tier).inc()
-            victim.paused = True
+            victim.paused = victim.preempted = True
             victim.preemptible = False
             assert victim.task is not None  # set when it started
             victim.task.cancel()
@@ -437,8 +438,9 @@ class InferenceWorker:
                                 finish_reason = last.finish_reason
                     except asyncio.CancelledError:
                         entry.preemptible = False
-                        if not entry.paused or entry.cancel_requested or self.draining:
+                        if not entry.preempted or entry.cancel_requested or self.draining:
                             raise
+                        entry.preempted = False
                         # Preempted for a VIP job: the engine request is gone (and its KV
                         # cache); the customer sees a pause, then the answer goes on.
                         asyncio.current_task().uncancel()  # type: ignore[union-attr]

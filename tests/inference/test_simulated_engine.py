@@ -7,7 +7,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from inference.engines.base import Delta, EngineRequestError, GenerationRequest
+from inference.engines.base import Continuation, Delta, EngineRequestError, GenerationRequest
 from inference.engines.simulated import FAILURE_AFTER_TOKENS, SimulatedEngine
 from scheduler.generation import SamplingParams, StructuredOutput
 
@@ -128,3 +128,25 @@ def test_logprobs_are_certain_with_the_top_candidates_after_the_sampled_token():
     assert all(entry.logprob == 0.0 for entry in entries)
     assert all([top.logprob for top in entry.top_logprobs] == [0.0, -9999.0] for entry in entries)
     assert _answer(max_tokens=3)[0].logprobs is None
+
+
+def test_a_continuation_streams_only_what_follows_the_text_already_written():
+    async def run() -> tuple[list[Delta], list[Delta]]:
+        engine = SimulatedEngine(
+            max_num_seqs=2, prefill_s_per_token=0, decode_base_s=0, decode_per_seq_s=0, output_tokens=10
+        )
+        await engine.start()
+        messages = [{"role": "user", "content": "hi"}]
+        try:
+            whole = [d async for d in engine.generate(GenerationRequest("whole", messages))]
+            written = Continuation(text="".join(d.text for d in whole[:4]), output_tokens=4)
+            resumed = GenerationRequest("rest", messages, continuation=written)
+            rest = [d async for d in engine.generate(resumed)]
+            return whole, rest
+        finally:
+            await engine.shutdown()
+
+    whole, rest = asyncio.run(run())
+    assert [d.text for d in rest] == [d.text for d in whole[4:]]
+    assert [d.output_tokens for d in rest] == list(range(5, 11))
+    assert rest[-1].finish_reason == "stop" and rest[0].prompt_tokens == whole[0].prompt_tokens

@@ -83,3 +83,13 @@ def test_without_a_tokenizer_the_count_is_a_bound_above_any_byte_level_tokenizer
     bound = prompt_token_count(messages, model_path=str(tmp_path))
     assert bound >= len(messages[0]["content"].encode()) + BOUND_TEMPLATE_TOKENS
     assert bound > len(encoder.encode(messages))
+
+
+def test_a_continued_answer_opens_the_assistant_turn_with_its_text(encoder, tokenizer):
+    messages = [{"role": "user", "content": "Where is my order?"}]
+    rendered = "<|im_start|>user\nWhere is my order?<|im_end|>\n<|im_start|>assistant\nIt left <|im_end|>"
+    ids = encoder.encode(messages, assistant_prefix="It left <|im_end|>")
+    # Encoded as text, like the messages: the prefix cannot close the turn.
+    assert ids[: len(encoder.encode(messages))] == encoder.encode(messages)
+    assert tokenizer.decode(ids, skip_special_tokens=False).endswith(rendered)
+    assert _control_tokens(ids, tokenizer).count("<|im_end|>") == 2
