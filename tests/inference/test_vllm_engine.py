@@ -20,7 +20,7 @@ import psutil
 import pytest
 from django.conf import settings
 
-from inference.engines.base import Delta, EngineDeadError, GenerationRequest
+from inference.engines.base import Continuation, Delta, EngineDeadError, GenerationRequest
 from inference.engines.vllm import VllmEngine
 from inference.model_prep import default_model_dir, prepare_model
 from scheduler.generation import SamplingParams, StructuredOutput
@@ -176,6 +176,25 @@ def _sampled(request_id: str, question: str, sampling: SamplingParams) -> Genera
 
 def _text(deltas: list[Delta]) -> str:
     return "".join(delta.text for delta in deltas)
+
+
+def test_a_continued_answer_goes_on_after_its_text_without_repeating_it(vllm_engine: EngineOnLoop) -> None:
+    """What a preempted answer resumes with: greedy, the continuation is the rest of the answer
+    the engine would have written, and the token limit counts what was already written."""
+    engine = vllm_engine.engine
+    whole = vllm_engine.run(_collect(engine, _request("continued-whole", LONG_ANSWER, 24)))
+    cut = next(n for n, d in enumerate(whole) if d.output_tokens >= 8) + 1
+    written = Continuation(text=_text(whole[:cut]), output_tokens=whole[cut - 1].output_tokens)
+    resumed = GenerationRequest(
+        request_id="continued-rest",
+        messages=[{"role": "user", "content": LONG_ANSWER}],
+        sampling=SamplingParams(max_tokens=24, temperature=0.0, top_p=1.0),
+        continuation=written,
+    )
+    rest = vllm_engine.run(_collect(engine, resumed))
+    assert written.text + _text(rest) == _text(whole)
+    assert rest[-1].output_tokens == 24 and rest[-1].finish_reason == "length"
+    assert rest[0].prompt_tokens == whole[0].prompt_tokens
 
 
 def test_a_seed_makes_sampling_reproducible(vllm_engine: EngineOnLoop) -> None:
