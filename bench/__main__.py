@@ -187,8 +187,9 @@ def main() -> None:
                     f"{mode:<13} {tier:<6} sent {row['requests']:4}  429 {row['refused_429']:3}  "
                     f"503 {row['refused_503']:4}  timed out {row['timed_out']:3}  "
                     f"silent drops {row['silent_drops']}  TTFT p50 {row['ttft_s']['p50'] or 0:6.2f} s  "
-                    f"p99 {row['ttft_s']['p99'] or 0:6.2f} s  answered {row['completed']:4}  "
-                    f"{row['output_tokens_per_s']:6.1f} tokens/s"
+                    f"p99 {row['ttft_s']['p99'] or 0:6.2f} s  "
+                    f"queued p99 {row['queue_s']['p99'] or 0:6.2f} s  "
+                    f"answered {row['completed']:4}  {row['output_tokens_per_s']:6.1f} tokens/s"
                 )
     report["machine"] = machine()
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))

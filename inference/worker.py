@@ -415,6 +415,7 @@ class InferenceWorker:
         ttft_ms: float | None = None
         finish_reason = "stop"
         last: Delta | None = None
+        paused_s = 0.0  # not service: another answer had the slot
         try:
             async with asyncio.timeout(self.config.generation_timeout_s):
                 while True:
@@ -444,8 +445,10 @@ class InferenceWorker:
                         # Preempted for a VIP job: the engine request is gone (and its KV
                         # cache); the customer sees a pause, then the answer goes on.
                         asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                        paused_at = time.monotonic()
                         await entry.resumed.wait()
                         entry.resumed.clear()
+                        paused_s += time.monotonic() - paused_at
                         continue
                     entry.preemptible = False
                     break
@@ -485,7 +488,8 @@ class InferenceWorker:
             status, finish_reason = Generation.Status.CANCELLED, "cancelled"
         else:
             status = Generation.Status.DONE
-            self.mean_service_s += 0.2 * (time.monotonic() - started - self.mean_service_s)
+            service_s = time.monotonic() - started - paused_s
+            self.mean_service_s += 0.2 * (service_s - self.mean_service_s)
         await self._finish(
             job,
             GenerationOutcome(
