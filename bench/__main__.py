@@ -75,6 +75,9 @@ def main() -> None:
     parser.add_argument(
         "--duration", type=float, help="seconds of traffic: scheduling (default 60), soak (default 600)"
     )
+    parser.add_argument(
+        "--modes", default="policy,no-preemption,fifo", help="scheduling: the modes to run (comma-separated)"
+    )
     parser.add_argument("--tabs", default="1,10,50", help="console: staff tabs open at once")
     parser.add_argument("--chunks", type=int, default=10_000, help="retrieval: chunks in the index")
     parser.add_argument("--queries", type=int, default=500, help="retrieval, cache: questions timed")
@@ -238,16 +241,21 @@ def main() -> None:
         name = "console"
         png = "no plot (the figures are printed above)"
     else:
-        report = scenarios.scheduling(duration_s=args.duration or 60.0, overload=2.0, vip_share=0.2)
+        modes = tuple(args.modes.split(","))
+        report = scenarios.scheduling(
+            duration_s=args.duration or 60.0, overload=2.0, vip_share=0.2, modes=modes
+        )
         name = "scheduling"
-        png = plots.scheduling(report, args.out / f"{name}.png")
-        for mode in ("policy", "fifo"):
+        png = plots.scheduling(report, args.out / f"{name}.png", modes=modes)
+        for mode in modes:
             for tier, row in report[mode]["per_tier"].items():
                 print(
-                    f"{mode:<6} {tier:<6} sent {row['requests']:4}  429 {row['refused_429']:3}  "
+                    f"{mode:<13} {tier:<6} sent {row['requests']:4}  429 {row['refused_429']:3}  "
                     f"503 {row['refused_503']:4}  timed out {row['timed_out']:3}  "
                     f"silent drops {row['silent_drops']}  TTFT p50 {row['ttft_s']['p50'] or 0:6.2f} s  "
-                    f"p99 {row['ttft_s']['p99'] or 0:6.2f} s"
+                    f"p99 {row['ttft_s']['p99'] or 0:6.2f} s  "
+                    f"queued p99 {row['queue_s']['p99'] or 0:6.2f} s  "
+                    f"answered {row['completed']:4}  {row['output_tokens_per_s']:6.1f} tokens/s"
                 )
     report["machine"] = machine()
     (args.out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))

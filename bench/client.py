@@ -42,6 +42,7 @@ class StreamTrace:
     outcome: str = "open"  # done | error:<code> | disconnected | timeout
     finish_reason: str | None = None
     closed_at: float | None = None
+    queue_s: float | None = None  # the worker's count, from `done`: enqueued until it started
 
 
 class Session:
@@ -300,5 +301,7 @@ async def _read_events(
                 end = event_decode(event, json.loads(data or b"{}"))
                 trace.outcome = f"error:{end.code}" if isinstance(end, Error) else "done"
                 trace.finish_reason = end.finish_reason if isinstance(end, Done) else None
+                if isinstance(end, Done) and end.timings is not None:
+                    trace.queue_s = end.timings.queue_ms / 1000
                 return
     trace.outcome = "closed"

@@ -100,6 +100,7 @@ async def one_request(
         result.token_times = trace.token_times
         result.finished_at = trace.closed_at
         result.outcome = trace.outcome
+        result.queue_s = trace.queue_s
         return result
     finally:
         pool.give_back(tier, session)

@@ -114,10 +114,11 @@ def idle(report: dict, path: Path) -> Path:
     return _save(figure, path)
 
 
-def scheduling(report: dict, path: Path) -> Path:
+def scheduling(report: dict, path: Path, *, modes: tuple[str, ...]) -> Path:
     plt = pyplot()
     figure, (cdf, depth) = plt.subplots(1, 2, figsize=(11, 4))
-    for mode, style in (("policy", "-"), ("fifo", "--")):
+    styles = {"policy": "-", "no-preemption": ":", "fifo": "--"}
+    for mode, style in ((mode, styles[mode]) for mode in modes):
         for tier in ("vip", "normal"):
             samples = report[mode]["ttft_samples"][tier]
             if samples:

@@ -459,8 +459,15 @@ async def _queue_sampler(redis_url: str, samples: list[tuple[float, dict[str, in
         await client.aclose()
 
 
-def scheduling(*, duration_s: float, overload: float, vip_share: float) -> dict:
-    """2x the engine's capacity on a GPU-like simulated engine: the policy vs plain FIFO."""
+SCHEDULING_MODES = ("policy", "no-preemption", "fifo")
+
+
+def scheduling(
+    *, duration_s: float, overload: float, vip_share: float, modes: tuple[str, ...] = SCHEDULING_MODES
+) -> dict:
+    """2x the engine's capacity on a GPU-like simulated engine: the policy (VIP preempts the
+    youngest normal answer when every slot is busy), the policy without preemption, and plain
+    FIFO."""
     slots, tokens = 16, 60
     decode_base_s, decode_per_seq_s = 0.02, 0.001
     service_s = tokens * (decode_base_s + decode_per_seq_s * slots)
@@ -476,17 +483,19 @@ def scheduling(*, duration_s: float, overload: float, vip_share: float) -> dict:
         "SERVICE_TIME_PRIOR_S": str(service_s),
         "GENERATION_TIMEOUT_S": "120",
     }
-    modes = {
-        "policy": {
-            **UNLIMITED,
-            **engine_env,
-            "VIP_RESERVED_SLOTS": "4",
-            "WAIT_SLO_VIP_S": "1",
-            "WAIT_SLO_NORMAL_S": "8",
-            "MAX_WAIT_VIP_S": "30",
-            "MAX_WAIT_NORMAL_S": "60",
-            "QUEUE_MAX_NORMAL": "500",
-        },
+    policy = {
+        **UNLIMITED,
+        **engine_env,
+        "VIP_RESERVED_SLOTS": "4",
+        "WAIT_SLO_VIP_S": "1",
+        "WAIT_SLO_NORMAL_S": "8",
+        "MAX_WAIT_VIP_S": "30",
+        "MAX_WAIT_NORMAL_S": "60",
+        "QUEUE_MAX_NORMAL": "500",
+    }
+    envs = {
+        "policy": policy,
+        "no-preemption": {**policy, "VIP_PREEMPTION": "false"},
         "fifo": {**UNLIMITED, **engine_env, "VIP_RESERVED_SLOTS": "0", "SCHEDULER_PRIORITY": "false"},
     }
     report: dict[str, Any] = {
@@ -495,8 +504,8 @@ def scheduling(*, duration_s: float, overload: float, vip_share: float) -> dict:
         "duration_s": duration_s,
         "vip_share": vip_share,
     }
-    for mode, env in modes.items():
-        with running(env) as stack:
+    for mode in modes:
+        with running(envs[mode]) as stack:
 
             async def main(label: str) -> tuple[list[RequestResult], float, list]:
                 pool = SessionPool(stack.base_url)

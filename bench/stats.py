@@ -14,6 +14,7 @@ class RequestResult:
     token_times: list[float] = field(default_factory=list)
     finished_at: float | None = None
     outcome: str = "refused"  # done | error:<code> | timeout | disconnected | refused
+    queue_s: float | None = None  # in the queue, by the worker's count (excludes posting, relay)
 
     @property
     def ttft_s(self) -> float | None:
@@ -85,6 +86,7 @@ def summarize(
             "output_tokens_per_s": tokens / duration_s,
             "goodput_per_s": len(good) / duration_s,
             "ttft_s": distribution([r.ttft_s for r in done if r.ttft_s is not None]),
+            "queue_s": distribution([r.queue_s for r in done if r.queue_s is not None]),
             "tpot_s": distribution([r.tpot_s for r in done if r.tpot_s is not None]),
             "itl_s": distribution([itl for r in done for itl in r.itls_s]),
             "e2e_s": distribution([r.e2e_s for r in done if r.e2e_s is not None]),

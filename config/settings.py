@@ -381,6 +381,9 @@ INFERENCE_MAX_MODEL_LEN = env_int("INFERENCE_MAX_MODEL_LEN", 2048)
 INFERENCE_KV_CACHE_GIB = env_int("INFERENCE_KV_CACHE_GIB", 1)
 INFERENCE_GPU_MEMORY_UTILIZATION = env_float("INFERENCE_GPU_MEMORY_UTILIZATION", 0.9)
 VIP_RESERVED_SLOTS = env_int("VIP_RESERVED_SLOTS", 2)
+# A VIP job that finds every slot busy pauses the youngest normal (or batch) answer, which
+# resumes from its streamed text when a slot frees, instead of waiting for a slot to turn over.
+VIP_PREEMPTION = env_bool("VIP_PREEMPTION", True)
 # The simulated engine's cost model (seconds); zero costs make it a pure token source.
 SIMULATED_PREFILL_S_PER_TOKEN = env_float("SIMULATED_PREFILL_S_PER_TOKEN", 0.0002)
 SIMULATED_DECODE_BASE_S = env_float("SIMULATED_DECODE_BASE_S", 0.02)

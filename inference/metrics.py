@@ -84,6 +84,12 @@ JOBS_DEAD_LETTERED = Counter(
     "Jobs this worker moved to the dead-letter stream after they used up their attempts.",
     ["model"],
 )
+PREEMPTIONS = Counter(
+    "llm_preemptions_total",
+    "Answers paused to give their slot to a VIP job (they resume from their streamed text), by "
+    "the paused answer's tier.",
+    LABELS,
+)
 _HISTOGRAMS = (QUEUE_WAIT, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, END_TO_END_LATENCY, OUTPUT_TOKENS)
 
 
@@ -134,6 +140,7 @@ def variant_series_init(variant: str) -> None:
             GENERATIONS.labels(variant, tier, outcome)
         for histogram in _HISTOGRAMS:
             histogram.labels(variant, tier)
+        PREEMPTIONS.labels(variant, tier)
 
 
 # --- the worker's endpoint ----------------------------------------------------------------------

@@ -3,9 +3,11 @@ engine, publish their tokens, store the answers, and keep the registry told that
 
 One worker process serves one model, and with it every variant on that model: a job carries
 its variant's prompt and sampling, so the worker needs nothing else to answer it. Claims go VIP
-first; `vip_reserved_slots` slots are never filled with normal traffic. Jobs are acknowledged
-only after the answer is stored, so a worker that dies leaves its jobs pending, and another
-worker takes them over once their lease runs out.
+first; `vip_reserved_slots` slots are never filled with normal traffic, and a VIP job that finds
+every slot busy preempts the youngest normal (or batch) answer, which pauses and later continues
+from the text it had streamed. Jobs are acknowledged only after the answer is stored, so a
+worker that dies leaves its jobs pending, and another worker takes them over once their lease
+runs out.
 """
 
 from __future__ import annotations
@@ -28,7 +30,15 @@ from django.db import DatabaseError
 
 from inference import metrics as worker_metrics
 from inference.engines import build_engine
-from inference.engines.base import Delta, Engine, EngineDeadError, EngineRequestError, GenerationRequest
+from inference.engines.base import (
+    Continuation,
+    Delta,
+    Engine,
+    EngineDeadError,
+    EngineRequestError,
+    GenerationRequest,
+    resumable,
+)
 from scheduler import control, timeseries, warmpool, workers
 from scheduler.admission import request_finished
 from scheduler.generation import (
@@ -58,6 +68,11 @@ REDIS_ERRORS = (redis.ConnectionError, redis.TimeoutError)
 # the registry before it exits anyway: what it could not hand back is taken over after its
 # lease, as after a crash.
 HAND_BACK_S = 5.0
+# With every slot busy, how often the worker looks for a VIP job to preempt for: the longest a
+# VIP job waits before it starts. A non-blocking claim, so a slot that frees is reused at once.
+VIP_PREEMPT_POLL_S = 0.05
+# Which answers a VIP job preempts first: batch, then normal.
+_PREEMPT_ORDER = {Tier.BATCH: 0, Tier.NORMAL: 1}
 
 
 class RedisGaveUp(Exception):
@@ -76,6 +91,7 @@ class WorkerConfig:
     service_time_prior_s: float
     normal_aging_s: float
     batch_max_slots: int
+    vip_preemption: bool
 
     @classmethod
     def from_settings(cls) -> WorkerConfig:
@@ -90,15 +106,23 @@ class WorkerConfig:
             service_time_prior_s=settings.SERVICE_TIME_PRIOR_S,
             normal_aging_s=settings.NORMAL_AGING_S,
             batch_max_slots=settings.BATCH_MAX_SLOTS,
+            vip_preemption=settings.VIP_PREEMPTION,
         )
 
 
 @dataclass(eq=False)
 class _Running:
     job: Job
+    started_at: float = 0.0  # loop time it first started: the youngest is preempted first
     task: asyncio.Task[None] | None = None
     cancel_requested: bool = False
     text: list[str] = field(default_factory=list)
+    # True only while the engine is writing it and it may be paused for a VIP job.
+    preemptible: bool = False
+    # Preempted: holds no slot until the claim loop resumes it (sets `resumed`).
+    paused: bool = False
+    preempted: bool = False  # its task is being cancelled to pause it, not to end it
+    resumed: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class InferenceWorker:
@@ -178,6 +202,9 @@ class InferenceWorker:
             loop = asyncio.get_running_loop()
             self._give_up_at = loop.time() + self.config.drain_timeout_s + HAND_BACK_S
         self.draining = True
+        for entry in self.running.values():
+            entry.paused = False  # paused answers finish within the drain too
+            entry.resumed.set()
         self._stopped.set()
         self._slot_freed.set()
 
@@ -203,13 +230,18 @@ class InferenceWorker:
 
     # --- claiming ----------------------------------------------------------------------------
 
+    def _active(self) -> list[_Running]:
+        """The answers holding a slot: running ones, not the paused."""
+        return [r for r in self.running.values() if not r.paused]
+
     def _room(self) -> dict[Tier, int]:
         """How many more jobs of each tier may start now: VIP may use every free slot; normal
         and batch together leave `vip_reserved_slots` free; batch never holds more than
         `batch_max_slots`."""
-        free = self.slots - len(self.running)
-        not_vip = sum(1 for r in self.running.values() if r.job.tier != Tier.VIP)
-        batch = sum(1 for r in self.running.values() if r.job.tier == Tier.BATCH)
+        active = self._active()
+        free = self.slots - len(active)
+        not_vip = sum(1 for r in active if r.job.tier != Tier.VIP)
+        batch = sum(1 for r in active if r.job.tier == Tier.BATCH)
         normal_room = max(0, min(free, self.slots - self.config.vip_reserved_slots - not_vip))
         return {
             Tier.VIP: free,
@@ -219,18 +251,77 @@ class InferenceWorker:
 
     async def _claim_loop(self) -> None:
         while not self.draining:
-            free = self.slots - len(self.running)
-            if free <= 0 or self.spare:
+            self._resume_paused()
+            free = self.slots - len(self._active())
+            if self.spare:
                 self._slot_freed.clear()
                 await self._wait(self._slot_freed, 1.0)
                 continue
             try:
-                jobs = await self._unless_stopped(self._claim(free))
+                if free > 0:
+                    jobs = await self._unless_stopped(self._claim(free))
+                else:
+                    self._slot_freed.clear()
+                    jobs = await self._unless_stopped(self._claim_vip_over_victim())
+                    if not jobs:
+                        await self._wait(self._slot_freed, VIP_PREEMPT_POLL_S if self._may_preempt() else 1.0)
+                        continue
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: claiming failed (%s); retrying", self.worker_id, exc)
                 await self._wait(self._stopped, 0.5)
                 continue
             await self._start_jobs(jobs)
+
+    def _preemption_victim(self) -> _Running | None:
+        """The answer a VIP job would take the slot of: batch before normal, and within a tier
+        the youngest (it has the least to recompute, and one resumed, now old, is not taken
+        again before the others). Only answers the engine can resume as they were are paused
+        (`resumable`: never a structured output, a seeded sample or a penalised one)."""
+        if not self.config.vip_preemption:
+            return None
+        candidates = [
+            r
+            for r in self._active()
+            if r.preemptible and not r.cancel_requested and resumable(r.job.generation.sampling)
+        ]
+        if not candidates:
+            return None
+        return max(candidates, key=lambda r: (-_PREEMPT_ORDER[r.job.tier], r.started_at))
+
+    def _may_preempt(self) -> bool:
+        """Whether a VIP job could take a slot now or soon (an answer not yet under way becomes
+        preemptible when its first engine request starts)."""
+        return self.config.vip_preemption and any(
+            r.job.tier != Tier.VIP and not r.cancel_requested and resumable(r.job.generation.sampling)
+            for r in self._active()
+        )
+
+    async def _claim_vip_over_victim(self) -> list[Job]:
+        """Every slot is busy: claim one waiting VIP job, and pause the victim to make room."""
+        victim = self._preemption_victim()
+        if victim is None:
+            return []
+        jobs = await self.queue.claim(total=1, per_tier={Tier.VIP: 1, Tier.NORMAL: 0, Tier.BATCH: 0})
+        if jobs and victim.preemptible and not victim.cancel_requested:
+            logger.info(
+                "worker %s: %s paused for VIP %s", self.worker_id, victim.job.request_id, jobs[0].request_id
+            )
+            worker_metrics.PREEMPTIONS.labels(victim.job.generation.variant, victim.job.tier).inc()
+            victim.paused = victim.preempted = True
+            victim.preemptible = False
+            assert victim.task is not None  # set when it started
+            victim.task.cancel()
+        # A victim that finished or was cancelled meanwhile freed its slot anyway.
+        return jobs
+
+    def _resume_paused(self) -> None:
+        """Paused answers take their tier's room before any new job of it: they were claimed
+        first. The longest paused resumes first."""
+        paused = sorted((r for r in self.running.values() if r.paused), key=lambda r: r.started_at)
+        for entry in paused:
+            if self._room()[entry.job.tier] > 0:
+                entry.paused = False
+                entry.resumed.set()
 
     async def _claim(self, free: int) -> list[Job]:
         room = self._room()
@@ -262,9 +353,10 @@ class InferenceWorker:
             )
         except RedisGaveUp:
             return  # stopping: they are taken over after their lease
+        now = asyncio.get_running_loop().time()
         for job in jobs:
             worker_metrics.variant_series_init(job.generation.variant)
-            entry = _Running(job=job, cancel_requested=job.request_id in cancelled)
+            entry = _Running(job=job, started_at=now, cancel_requested=job.request_id in cancelled)
             self.running[job.request_id] = entry
             entry.task = asyncio.create_task(self._serve(entry), name=f"job-{job.request_id}")
 
@@ -324,26 +416,48 @@ class InferenceWorker:
             )
             return
         self._emit(job, Start(worker=self.worker_id, variant=job.generation.variant, attempt=job.attempt))
-        request = GenerationRequest(
-            request_id=job.request_id,
-            messages=job.generation.messages,
-            sampling=job.generation.sampling,
-            prompt=job.generation.prompt,
-        )
         started = time.monotonic()
         ttft_ms: float | None = None
         finish_reason = "stop"
         last: Delta | None = None
+        paused_s = 0.0  # not service: another answer had the slot
         try:
             async with asyncio.timeout(self.config.generation_timeout_s):
-                async for last in self.engine.generate(request):
-                    if last.text or last.logprobs:
-                        if ttft_ms is None:
-                            ttft_ms = (time.monotonic() - started) * 1000
-                        self._emit(job, Token(seq=len(entry.text), text=last.text, logprobs=last.logprobs))
-                        entry.text.append(last.text)
-                    if last.finish_reason is not None:
-                        finish_reason = last.finish_reason
+                while True:
+                    request = GenerationRequest(
+                        request_id=job.request_id,
+                        messages=job.generation.messages,
+                        sampling=job.generation.sampling,
+                        prompt=job.generation.prompt,
+                        continuation=_continuation(entry, last),
+                    )
+                    entry.preemptible = job.tier != Tier.VIP
+                    try:
+                        async for last in self.engine.generate(request):
+                            if last.text or last.logprobs:
+                                if ttft_ms is None:
+                                    ttft_ms = (time.monotonic() - started) * 1000
+                                self._emit(
+                                    job, Token(seq=len(entry.text), text=last.text, logprobs=last.logprobs)
+                                )
+                                entry.text.append(last.text)
+                            if last.finish_reason is not None:
+                                finish_reason = last.finish_reason
+                    except asyncio.CancelledError:
+                        entry.preemptible = False
+                        if not entry.preempted or entry.cancel_requested or self.draining:
+                            raise
+                        entry.preempted = False
+                        # Preempted for a VIP job: the engine request is gone (and its KV
+                        # cache); the customer sees a pause, then the answer goes on.
+                        asyncio.current_task().uncancel()  # type: ignore[union-attr]
+                        paused_at = time.monotonic()
+                        await entry.resumed.wait()
+                        entry.resumed.clear()
+                        paused_s += time.monotonic() - paused_at
+                        continue
+                    entry.preemptible = False
+                    break
         except TimeoutError:
             timeout_s = self.config.generation_timeout_s
             await self._finish(
@@ -380,7 +494,8 @@ class InferenceWorker:
             status, finish_reason = Generation.Status.CANCELLED, "cancelled"
         else:
             status = Generation.Status.DONE
-            self.mean_service_s += 0.2 * (time.monotonic() - started - self.mean_service_s)
+            service_s = time.monotonic() - started - paused_s
+            self.mean_service_s += 0.2 * (service_s - self.mean_service_s)
         await self._finish(
             job,
             GenerationOutcome(
@@ -479,8 +594,9 @@ class InferenceWorker:
                 "engine": self.engine.label,
                 "slots": self.slots,
                 "vip_reserved_slots": self.config.vip_reserved_slots,
-                "running": len(self.running),
+                "running": len(self._active()),
                 "running_vip": sum(1 for r in self.running.values() if r.job.tier == Tier.VIP),
+                "paused": sum(1 for r in self.running.values() if r.paused),
                 "draining": self.draining,
                 "spare": self.spare,
                 "engine_running": stats.running,
@@ -519,7 +635,7 @@ class InferenceWorker:
                     continue
                 runnable, exhausted = await self.queue.reclaim_expired(
                     lease_s=self.config.lease_s,
-                    max_count=self.slots - len(self.running),
+                    max_count=self.slots - len(self._active()),
                     max_attempts=self.config.max_attempts,
                 )
                 await self.queue.dead_workers_forget(stale_s=settings.WORKER_HEARTBEAT_TTL_S)
@@ -601,6 +717,13 @@ class InferenceWorker:
                 raise RedisGaveUp
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+def _continuation(entry: _Running, last: Delta | None) -> Continuation | None:
+    """What a resumed answer goes on from: its streamed text (None before its first token)."""
+    if last is None or last.output_tokens == 0:
+        return None
+    return Continuation(text="".join(entry.text), output_tokens=last.output_tokens)
 
 
 def _usage(last: Delta | None) -> Usage:

@@ -67,9 +67,10 @@ class PromptEncoder:
         self._text_tokenizer = Tokenizer.from_file(tokenizer_file)
         self._text_tokenizer.encode_special_tokens = True
 
-    def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt's token ids, ending with the assistant's turn opened; raises
-        ChatTemplateError when the template refuses the messages."""
+    def encode(self, messages: list[dict[str, str]], *, assistant_prefix: str = "") -> list[int]:
+        """The prompt's token ids, ending with the assistant's turn opened (and, to continue an
+        answer, `assistant_prefix` written in it as text); raises ChatTemplateError when the
+        template refuses the messages."""
         placeholders = [{**message, "content": _PLACEHOLDER.format(n)} for n, message in enumerate(messages)]
         try:
             rendered = self._template.render(
@@ -85,17 +86,24 @@ class PromptEncoder:
                 ids += self._text_tokenizer.encode(content, add_special_tokens=False).ids
             elif piece:
                 ids += self._template_tokenizer.encode(piece, add_special_tokens=False).ids
+        if assistant_prefix:
+            ids += self._text_tokenizer.encode(assistant_prefix, add_special_tokens=False).ids
         return ids
 
     def decode_token(self, token_id: int) -> str:
         """One token's text, special tokens included (as vLLM's server shows them in logprobs)."""
         return self._template_tokenizer.decode([token_id], skip_special_tokens=False)
 
-    def encode_text(self, prompt: str) -> list[int]:
+    def encode_text(self, prompt: str, *, continuation: str = "") -> list[int]:
         """A raw prompt's token ids, as vLLM's completions endpoint encodes one: no chat template,
         the tokenizer's own special tokens added, and special tokens in the text recognised (the
-        caller writes the whole prompt, so there is no turn of someone else's to forge)."""
-        return self._template_tokenizer.encode(prompt, add_special_tokens=True).ids
+        caller writes the whole prompt, so there is no turn of someone else's to forge). To
+        continue an answer, `continuation` follows as text, encoded apart so that the prompt's
+        tokens stay those it was first answered with."""
+        ids = self._template_tokenizer.encode(prompt, add_special_tokens=True).ids
+        if continuation:
+            ids += self._text_tokenizer.encode(continuation, add_special_tokens=False).ids
+        return ids
 
 
 def _tojson(value: Any, indent: int | None = None) -> str:

@@ -23,6 +23,32 @@ class EngineRequestError(RuntimeError):
 
 
 @dataclass(frozen=True, slots=True)
+class Continuation:
+    """The part of the answer already streamed before the worker preempted it: the engine
+    opens the assistant's turn with `text` (recomputing its KV, as vLLM does for a sequence it
+    preempts) and streams only what follows, counting `output_tokens` as already written."""
+
+    text: str
+    output_tokens: int
+
+
+def resumable(sampling: SamplingParams) -> bool:
+    """Whether an answer with these parameters goes on after a Continuation as it would have
+    without the pause. Not a structured output (its grammar cannot restart half-way through the
+    JSON), not seeded random sampling (the seed would restart its random stream, and the same
+    request would no longer give the same answer), and no presence or frequency penalty (they
+    count only the tokens written after the prompt, which the continuation's are not). Logprobs
+    resume: the streamed tokens' were sent already, and the rest are computed after the same
+    text."""
+    return (
+        sampling.structured is None
+        and (sampling.seed is None or sampling.temperature == 0)
+        and sampling.presence_penalty == 0
+        and sampling.frequency_penalty == 0
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationRequest:
     request_id: str
     messages: list[dict[str, str]]  # OpenAI-style [{"role": ..., "content": ...}]
@@ -31,6 +57,10 @@ class GenerationRequest:
     )
     # A text completion's raw prompt, continued without the chat template; `messages` is empty.
     prompt: str | None = None
+    # A paused answer's streamed part: the engine goes on after it (appended to the chat's open
+    # assistant turn, or to a raw prompt). Sampling limits (max and min tokens) apply to the
+    # whole answer, continuation included.
+    continuation: Continuation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,8 +68,8 @@ class Delta:
     """What one engine step produced for one request."""
 
     text: str
-    output_tokens: int  # cumulative output tokens so far
-    prompt_tokens: int
+    output_tokens: int  # cumulative output tokens of the whole answer (a continuation's included)
+    prompt_tokens: int  # the prompt's, without a continuation
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last delta
     # One entry per token of `text` when the request asked for logprobs, else None.
     logprobs: tuple[TokenLogprob, ...] | None = None

@@ -2,7 +2,8 @@
 
 Cost model: each engine step decodes one token for every running sequence and takes
 `decode_base_s + decode_per_seq_s * batch`; a sequence admitted in a step adds its prefill
-(`prefill_s_per_token * prompt tokens`). At most `max_num_seqs` run; the rest wait. With all
+(`prefill_s_per_token * prompt tokens`; a continuation of a preempted answer also recomputes the
+tokens it had written). At most `max_num_seqs` run; the rest wait. With all
 costs at zero it is a pure token source for fan-out benchmarks.
 
 `start_s` is how long `start()` takes, as a real engine loading its weights would: it makes a
@@ -181,6 +182,7 @@ class _Sequence:
     request: GenerationRequest
     tokens: list[str]
     prompt_tokens: int
+    prefill_tokens: int  # what admitting it costs: the prompt, and a continuation's tokens
     stopped: bool  # ends at a stop string
     outbox: asyncio.Queue[Delta] = field(default_factory=asyncio.Queue)
     produced: int = 0
@@ -227,11 +229,17 @@ class SimulatedEngine:
             answer = (structured + [" "] * length)[:length]
         tokens, stopped = _stopped(answer, sampling.stop, sampling.min_tokens)
         count = len(tokens)
+        prompt_tokens = _prompt_tokens(request)
+        # A continuation resumes the same answer after the tokens already written, and pays
+        # their prefill again (the KV cache was freed when the worker preempted it).
+        written = 0 if request.continuation is None else request.continuation.output_tokens
         sequence = _Sequence(
             request=request,
             tokens=tokens,
-            prompt_tokens=_prompt_tokens(request),
+            prompt_tokens=prompt_tokens,
+            prefill_tokens=prompt_tokens + written,
             stopped=stopped,
+            produced=written,
         )
         fails_after = (
             min(FAILURE_AFTER_TOKENS, count - 1) if self._random.random() < self.failure_rate else None
@@ -287,7 +295,7 @@ class SimulatedEngine:
             while self._waiting and len(self._running) < self.max_num_seqs:
                 sequence = self._waiting.popleft()
                 self._running[sequence.request.request_id] = sequence
-                prefill_tokens += sequence.prompt_tokens
+                prefill_tokens += sequence.prefill_tokens
             step_s = (
                 self.decode_base_s
                 + self.decode_per_seq_s * len(self._running)

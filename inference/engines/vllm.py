@@ -165,11 +165,28 @@ class VllmEngine:
         assert self._prompt_encoder is not None  # set by start(), as the engine is
         # Encoding a long prompt takes milliseconds of CPU: off the loop that streams every
         # other request's tokens.
+        continuation = request.continuation
+        written = 0 if continuation is None else continuation.output_tokens
         try:
+            # A preempted answer goes on from its text, its KV recomputed in the prefill.
             if request.prompt is not None:
                 prompt_token_ids = await asyncio.to_thread(self._prompt_encoder.encode_text, request.prompt)
+                continued_ids = (
+                    []
+                    if continuation is None
+                    else await asyncio.to_thread(
+                        self._prompt_encoder.encode_text, request.prompt, continuation=continuation.text
+                    )
+                )
             else:
                 prompt_token_ids = await asyncio.to_thread(self._prompt_encoder.encode, request.messages)
+                continued_ids = (
+                    []
+                    if continuation is None
+                    else await asyncio.to_thread(
+                        self._prompt_encoder.encode, request.messages, assistant_prefix=continuation.text
+                    )
+                )
         except ChatTemplateError as exc:
             raise EngineRequestError(f"The chat template refused the messages: {exc}") from exc
         # The renderer checks the prompt against max_model_len and turns it into the engine's
@@ -177,18 +194,20 @@ class VllmEngine:
         # (a token id beyond the vocabulary, a schema xgrammar cannot compile) fail this request
         # only: retrying it elsewhere would fail the same way.
         try:
-            (engine_input,) = engine.renderer.render_cmpl([TokensPrompt(prompt_token_ids=prompt_token_ids)])
-            sampling_params = vllm_sampling_params(request.sampling)
+            (engine_input,) = engine.renderer.render_cmpl(
+                [TokensPrompt(prompt_token_ids=continued_ids or prompt_token_ids)]
+            )
+            sampling_params = vllm_sampling_params(request.sampling, written=written)
         except VLLMClientError as exc:
             raise EngineRequestError(f"vLLM rejected the request: {exc}") from exc
         prompt_tokens = len(prompt_token_ids)
-        output_tokens = 0
+        output_tokens = written
+        # vLLM ids are unique while in flight: a continuation gets its own.
+        engine_request_id = request.request_id if continuation is None else f"{request.request_id}+{written}"
         try:
             # aclosing: when our caller closes or cancels us, vLLM's own generator is closed
             # at once, and it aborts the request in the engine (freeing its slot and KV cache).
-            async with aclosing(
-                engine.generate(engine_input, sampling_params, request.request_id)
-            ) as outputs:
+            async with aclosing(engine.generate(engine_input, sampling_params, engine_request_id)) as outputs:
                 async for output in outputs:
                     completion = output.outputs[0]
                     output_tokens += len(completion.token_ids)
@@ -287,8 +306,9 @@ class VllmEngine:
         return used, psutil.virtual_memory().total
 
 
-def vllm_sampling_params(sampling: GenerationSampling) -> SamplingParams:
-    """Our typed parameters onto vLLM's, one for one (the meanings are vLLM's to begin with)."""
+def vllm_sampling_params(sampling: GenerationSampling, *, written: int = 0) -> SamplingParams:
+    """Our typed parameters onto vLLM's, one for one (the meanings are vLLM's to begin with);
+    the token limits count `written` tokens of a continued answer as spent."""
     structured = None
     if sampling.structured is not None:
         structured = (
@@ -297,7 +317,7 @@ def vllm_sampling_params(sampling: GenerationSampling) -> SamplingParams:
             else StructuredOutputsParams(json_object=True)
         )
     return SamplingParams(
-        max_tokens=sampling.max_tokens,
+        max_tokens=max(1, sampling.max_tokens - written),
         temperature=sampling.temperature,
         top_p=sampling.top_p,
         stop=list(sampling.stop) or None,
@@ -307,7 +327,7 @@ def vllm_sampling_params(sampling: GenerationSampling) -> SamplingParams:
         repetition_penalty=sampling.repetition_penalty,
         top_k=sampling.top_k,
         min_p=sampling.min_p,
-        min_tokens=sampling.min_tokens,
+        min_tokens=max(0, sampling.min_tokens - written),
         ignore_eos=sampling.ignore_eos,
         stop_token_ids=list(sampling.stop_token_ids) or None,
         logprobs=sampling.logprobs,

@@ -7,7 +7,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from inference.engines.base import Delta, EngineRequestError, GenerationRequest
+from inference.engines.base import Continuation, Delta, EngineRequestError, GenerationRequest
 from inference.engines.simulated import FAILURE_AFTER_TOKENS, SimulatedEngine
 from scheduler.generation import SamplingParams, StructuredOutput
 
@@ -146,3 +146,45 @@ def test_a_raw_prompt_is_answered_without_chat_messages():
     text, prompt_tokens = asyncio.run(run())
     assert text.startswith("[simulated] You asked: Once upon a time")
     assert prompt_tokens == 5  # a word a token, and no chat template's own
+
+
+def test_a_continuation_streams_only_what_follows_the_text_already_written():
+    async def run() -> tuple[list[Delta], list[Delta]]:
+        engine = SimulatedEngine(
+            max_num_seqs=2, prefill_s_per_token=0, decode_base_s=0, decode_per_seq_s=0, output_tokens=10
+        )
+        await engine.start()
+        messages = [{"role": "user", "content": "hi"}]
+        try:
+            whole = [d async for d in engine.generate(GenerationRequest("whole", messages))]
+            written = Continuation(text="".join(d.text for d in whole[:4]), output_tokens=4)
+            resumed = GenerationRequest("rest", messages, continuation=written)
+            rest = [d async for d in engine.generate(resumed)]
+            return whole, rest
+        finally:
+            await engine.shutdown()
+
+    whole, rest = asyncio.run(run())
+    assert [d.text for d in rest] == [d.text for d in whole[4:]]
+    assert [d.output_tokens for d in rest] == list(range(5, 11))
+    assert rest[-1].finish_reason == "stop" and rest[0].prompt_tokens == whole[0].prompt_tokens
+
+
+def test_a_raw_prompt_s_continuation_streams_only_what_follows_and_pays_its_prefill_again():
+    async def run() -> tuple[list[Delta], list[Delta]]:
+        engine = SimulatedEngine(
+            max_num_seqs=2, prefill_s_per_token=0, decode_base_s=0, decode_per_seq_s=0, output_tokens=10
+        )
+        await engine.start()
+        try:
+            whole = [d async for d in engine.generate(GenerationRequest("whole", [], prompt="Once upon"))]
+            written = Continuation(text="".join(d.text for d in whole[:6]), output_tokens=6)
+            resumed = GenerationRequest("rest", [], prompt="Once upon", continuation=written)
+            rest = [d async for d in engine.generate(resumed)]
+            return whole, rest
+        finally:
+            await engine.shutdown()
+
+    whole, rest = asyncio.run(run())
+    assert [d.text for d in rest] == [d.text for d in whole[6:]]
+    assert rest[-1].output_tokens == 10 and rest[0].prompt_tokens == whole[0].prompt_tokens == 3

@@ -21,7 +21,7 @@ import pytest
 from django.conf import settings
 from tokenizers import Tokenizer
 
-from inference.engines.base import Delta, EngineDeadError, GenerationRequest
+from inference.engines.base import Continuation, Delta, EngineDeadError, GenerationRequest
 from inference.engines.vllm import VllmEngine, engine_args, server_flags
 from inference.model_prep import default_model_dir, prepare_model
 from scheduler.generation import SamplingParams, StructuredOutput
@@ -177,6 +177,48 @@ def _sampled(request_id: str, question: str, sampling: SamplingParams) -> Genera
 
 def _text(deltas: list[Delta]) -> str:
     return "".join(delta.text for delta in deltas)
+
+
+def test_a_continued_answer_goes_on_after_its_text_without_repeating_it(vllm_engine: EngineOnLoop) -> None:
+    """What a preempted answer resumes with: greedy, the continuation is the rest of the answer
+    the engine would have written, and the token limit counts what was already written."""
+    engine = vllm_engine.engine
+    whole = vllm_engine.run(_collect(engine, _request("continued-whole", LONG_ANSWER, 24)))
+    cut = next(n for n, d in enumerate(whole) if d.output_tokens >= 8) + 1
+    written = Continuation(text=_text(whole[:cut]), output_tokens=whole[cut - 1].output_tokens)
+    resumed = GenerationRequest(
+        request_id="continued-rest",
+        messages=[{"role": "user", "content": LONG_ANSWER}],
+        sampling=SamplingParams(max_tokens=24, temperature=0.0, top_p=1.0),
+        continuation=written,
+    )
+    rest = vllm_engine.run(_collect(engine, resumed))
+    assert written.text + _text(rest) == _text(whole)
+    assert rest[-1].output_tokens == 24 and rest[-1].finish_reason == "length"
+    assert rest[0].prompt_tokens == whole[0].prompt_tokens
+
+
+def test_a_continued_text_completion_goes_on_after_its_text_without_repeating_it(
+    vllm_engine: EngineOnLoop,
+) -> None:
+    """Likewise for a raw prompt: the streamed text is appended to the prompt, no chat template."""
+    engine = vllm_engine.engine
+
+    def request(request_id: str, continuation: Continuation | None = None) -> GenerationRequest:
+        return GenerationRequest(
+            request_id=request_id,
+            messages=[],
+            prompt="1, 2, 3, 4, 5,",
+            sampling=SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0),
+            continuation=continuation,
+        )
+
+    whole = vllm_engine.run(_collect(engine, request("text-continued-whole")))
+    cut = next(n for n, d in enumerate(whole) if d.output_tokens >= 6) + 1
+    written = Continuation(text=_text(whole[:cut]), output_tokens=whole[cut - 1].output_tokens)
+    rest = vllm_engine.run(_collect(engine, request("text-continued-rest", written)))
+    assert written.text + _text(rest) == _text(whole)
+    assert rest[-1].output_tokens == 16 and rest[0].prompt_tokens == whole[0].prompt_tokens
 
 
 def test_a_seed_makes_sampling_reproducible(vllm_engine: EngineOnLoop) -> None:

@@ -12,13 +12,14 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
+from asgiref.sync import async_to_sync, sync_to_async
 
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
+from inference.engines.simulated import SimulatedEngine, simulated_answer_tokens
 from inference.worker import InferenceWorker, WorkerConfig, _Running
 from scheduler import control, keys
 from scheduler.admission import request_submit
-from scheduler.generation import Tier
+from scheduler.generation import SamplingParams, StructuredOutput, Tier
 from scheduler.models import Generation, WarmPool
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import new_async_redis, sync_redis
@@ -77,6 +78,7 @@ def _worker(engine: Any, **config: Any) -> InferenceWorker:
         "service_time_prior_s": 1.0,
         "normal_aging_s": 30.0,
         "batch_max_slots": 2,
+        "vip_preemption": True,
     }
     return InferenceWorker(engine, WorkerConfig(**{**defaults, **config}))
 
@@ -315,6 +317,128 @@ def test_a_normal_job_waiting_past_the_aging_time_goes_before_vip():
     other_vip = _submit(Tier.VIP)
     assert async_to_sync(claim)(aging_s=0.0) == [normal]  # the normal job has waited past 0 s
     assert async_to_sync(claim)(aging_s=0.0) == [other_vip]
+
+
+# --- preempting for VIP ----------------------------------------------------------------------
+
+
+def _entry_ms(entry_id: str) -> int:
+    return int(entry_id.split("-")[0])
+
+
+def _generating(worker: InferenceWorker, *tiers: str) -> list[_Running]:
+    """Answers being written, started one second apart in the order given."""
+    _running(worker, *tiers)
+    entries = list(worker.running.values())
+    for n, entry in enumerate(entries):
+        entry.started_at = float(n)
+        entry.preemptible = entry.job.tier != Tier.VIP
+    return entries
+
+
+def test_a_vip_job_preempts_the_youngest_normal_answer():
+    worker = _worker(ScriptedEngine(), vip_reserved_slots=1)
+    _, older, younger, _ = _generating(worker, Tier.VIP, Tier.NORMAL, Tier.NORMAL, Tier.VIP)
+    assert worker._preemption_victim() is younger
+    younger.paused = True  # a paused answer holds no slot and is not taken twice
+    assert worker._preemption_victim() is older
+    assert worker._room()[Tier.VIP] == 1
+
+
+def test_batch_work_is_preempted_before_any_normal_answer():
+    worker = _worker(ScriptedEngine(), vip_reserved_slots=0)
+    batch, _younger_normal, _, _ = _generating(worker, Tier.BATCH, Tier.NORMAL, Tier.VIP, Tier.VIP)
+    assert worker._preemption_victim() is batch
+
+
+def test_vip_answers_cancelled_answers_and_structured_outputs_are_never_preempted():
+    worker = _worker(ScriptedEngine(), vip_reserved_slots=0)
+    _, cancelled, structured, _ = _generating(worker, Tier.VIP, Tier.NORMAL, Tier.NORMAL, Tier.VIP)
+    cancelled.cancel_requested = True
+    structured.job = dataclasses.replace(
+        structured.job,
+        generation=dataclasses.replace(
+            structured.job.generation,
+            sampling=SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0, structured=StructuredOutput()),
+        ),
+    )
+    assert worker._preemption_victim() is None
+
+
+def test_answers_that_would_not_resume_as_they_were_are_never_preempted():
+    worker = _worker(ScriptedEngine(), vip_reserved_slots=0)
+    _, seeded, penalised, _ = _generating(worker, Tier.VIP, Tier.NORMAL, Tier.NORMAL, Tier.VIP)
+    for entry, sampling in [
+        (seeded, SamplingParams(max_tokens=16, temperature=0.7, top_p=1.0, seed=7)),
+        (penalised, SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0, frequency_penalty=0.5)),
+    ]:
+        entry.job = dataclasses.replace(
+            entry.job, generation=dataclasses.replace(entry.job.generation, sampling=sampling)
+        )
+    assert worker._preemption_victim() is None
+    # Greedy decoding ignores the seed: that answer resumes as it was.
+    seeded.job = dataclasses.replace(
+        seeded.job,
+        generation=dataclasses.replace(
+            seeded.job.generation, sampling=SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0, seed=7)
+        ),
+    )
+    assert worker._preemption_victim() is seeded
+
+
+def test_without_vip_preemption_nothing_is_preempted():
+    worker = _worker(ScriptedEngine(), vip_preemption=False)
+    _generating(worker, Tier.NORMAL, Tier.NORMAL, Tier.NORMAL, Tier.NORMAL)
+    assert worker._preemption_victim() is None
+
+
+def test_a_vip_job_on_a_full_worker_starts_at_once_and_the_paused_answer_goes_on_where_it_was():
+    """One slot, held by a normal answer: the VIP job takes it before the answer ends, and
+    the normal answer then finishes once, its text whole, with no token twice and no reset."""
+    tokens = 16
+    engine = SimulatedEngine(
+        max_num_seqs=1,
+        prefill_s_per_token=0.0,
+        decode_base_s=0.05,  # 0.8 s an answer
+        decode_per_seq_s=0.0,
+        output_tokens=tokens,
+    )
+    worker = _worker(engine, vip_reserved_slots=0, heartbeat_s=0.2)
+    normal = _submit(Tier.NORMAL)
+
+    def kinds(request_id: str) -> list[str]:
+        return [kind for kind, _ in _events(request_id)]
+
+    async def scenario() -> str:
+        running = asyncio.create_task(worker.run())
+        try:
+            await _until(lambda: kinds(normal).count("token") >= 3, "the normal answer to be under way")
+            vip = await sync_to_async(_submit)(Tier.VIP)
+            await _until(lambda: kinds(vip)[-1:] == ["done"], "the VIP answer")
+            await _until(lambda: kinds(normal)[-1:] == ["done"], "the normal answer")
+            return vip
+        finally:
+            worker.drain()
+            await running
+
+    vip = async_to_sync(scenario)()
+    normal_events = _events(normal)
+    vip_events = _events(vip)
+    # The VIP answer had its first token before the normal one ended: the one slot was its.
+    first_vip_token = next(n for n, (kind, _) in enumerate(vip_events) if kind == "token")
+    vip_entry_ids = [entry_id for entry_id, _ in sync_redis().xrange(keys.result(MODEL, vip))]
+    normal_done_id = sync_redis().xrange(keys.result(MODEL, normal))[-1][0]
+    assert _entry_ms(vip_entry_ids[first_vip_token]) < _entry_ms(normal_done_id)
+    assert "reset" not in kinds(normal)
+    normal_tokens = [data for kind, data in normal_events if kind == "token"]
+    assert [t["seq"] for t in normal_tokens] == list(range(tokens))
+    job = generation_job(normal)
+    expected = "".join(simulated_answer_tokens(GenerationRequest(normal, job.messages, job.sampling), tokens))
+    assert "".join(t["text"] for t in normal_tokens) == expected
+    answer = Generation.objects.get(request_id=normal)
+    assert (answer.status, answer.text, answer.completion_tokens) == ("done", expected, tokens)
+    assert kinds(normal).count("done") == 1 and kinds(normal).count("start") == 1
+    assert (_pending(Tier.NORMAL), _pending(Tier.VIP)) == (0, 0)
 
 
 # --- the warm pool ------------------------------------------------------------------------------

@@ -95,3 +95,22 @@ def test_a_raw_prompt_is_encoded_as_vllm_s_completions_encode_it(encoder, tokeni
     assert text_prompt_token_count(prompt, model_path=str(model_dir)) == len(ids)
     # Without the tokenizer, a bound that no byte-level tokenizer exceeds.
     assert text_prompt_token_count(prompt, model_path=str(tmp_path)) >= len(ids)
+
+
+def test_a_continued_answer_opens_the_assistant_turn_with_its_text(encoder, tokenizer):
+    messages = [{"role": "user", "content": "Where is my order?"}]
+    rendered = "<|im_start|>user\nWhere is my order?<|im_end|>\n<|im_start|>assistant\nIt left <|im_end|>"
+    ids = encoder.encode(messages, assistant_prefix="It left <|im_end|>")
+    # Encoded as text, like the messages: the prefix cannot close the turn.
+    assert ids[: len(encoder.encode(messages))] == encoder.encode(messages)
+    assert tokenizer.decode(ids, skip_special_tokens=False).endswith(rendered)
+    assert _control_tokens(ids, tokenizer).count("<|im_end|>") == 2
+
+
+def test_a_continued_raw_prompt_keeps_its_tokens_and_appends_the_text(encoder, tokenizer):
+    prompt = "<|im_start|>user\nOnce upon a time"
+    ids = encoder.encode_text(prompt, continuation=" there was<|im_end|>")
+    assert ids[: len(encoder.encode_text(prompt))] == encoder.encode_text(prompt)
+    assert tokenizer.decode(ids, skip_special_tokens=False).endswith("Once upon a time there was<|im_end|>")
+    # The answer's text is encoded as text: it cannot write a control token.
+    assert _control_tokens(ids, tokenizer) == ["<|im_start|>"]
