@@ -29,6 +29,8 @@ from launcher.vllm_serve import VllmServer
 
 TARGETS = ("product", "vllm_serve")
 DATASETS = ("random", "chat")
+# The variant the migrations make and the bench stack routes to: both servers answer to it.
+STABLE_VARIANT = "stable"
 # Customer-service conversations, ShareGPT-shaped (vLLM's client reads that format), made here.
 _TOPICS = [
     "my order", "a refund", "my password", "the delivery address", "my subscription",
@@ -142,7 +144,7 @@ def peer(*, rounds: int, concurrencies: list[int], input_len: int, output_len: i
                 gpu_memory_utilization=settings.INFERENCE_GPU_MEMORY_UTILIZATION,
             )
         ),
-        served_model_name=settings.INFERENCE_VARIANT,
+        served_model_name=STABLE_VARIANT,
         kv_cache_gib=settings.INFERENCE_KV_CACHE_GIB,
     )
     chat_path = chat_dataset(workdir / "support-chats.json")
@@ -168,7 +170,7 @@ def peer(*, rounds: int, concurrencies: list[int], input_len: int, output_len: i
                             args = _client_args(
                                 base_url=base_url,
                                 model_path=settings.INFERENCE_MODEL,
-                                served_model_name=settings.INFERENCE_VARIANT,
+                                served_model_name=STABLE_VARIANT,
                                 dataset=dataset,
                                 chat_path=chat_path,
                                 concurrency=concurrency,

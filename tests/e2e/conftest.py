@@ -26,6 +26,10 @@ SPINE_SETTINGS = {
 }
 
 
+# The variant the migrations make and the stacks route every request to: both servers answer to it.
+STABLE_VARIANT = "stable"
+
+
 def running_stack(**settings_env: str):
     stack = Stack(Path(tempfile.mkdtemp(prefix="e2e-")), **{**SPINE_SETTINGS, **settings_env})
     stack.start()
@@ -73,7 +77,7 @@ def vllm_serve():
     server = VllmServer(
         Path(tempfile.mkdtemp(prefix="vllm-serve-")),
         engine_flags=server_flags(args),
-        served_model_name=settings.INFERENCE_VARIANT,
+        served_model_name=STABLE_VARIANT,
         kv_cache_gib=settings.INFERENCE_KV_CACHE_GIB,
         # vLLM answers a named or "required" tool choice with `tool_calls` only when a tool-call
         # parser is enabled. `pythonic` forces those choices as the product does (the JSON schema
