@@ -119,7 +119,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,
         "max_size": env_int("DATABASE_POOL_SIZE", 20),
-        "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 30.0),
+        "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 10.0),
     }
 
 # Still in chat, not accounts: see accounts/apps.py.
