@@ -312,11 +312,13 @@ class SamplingRequest(BaseModel):
 
     @property
     def answer_max_tokens(self) -> int:
+        """The answer's token limit; each request kind (chat, text) has its own default."""
         raise NotImplementedError
 
     @property
     def logprobs_requested(self) -> int | None:
-        """How many most likely tokens to report beside each sampled one; None: no logprobs."""
+        """How many most likely tokens to report beside each sampled one; None: no logprobs.
+        Each request kind says it in its own field shape (chat: `top_logprobs`, text: `logprobs`)."""
         raise NotImplementedError
 
     @property
