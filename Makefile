@@ -77,19 +77,12 @@ run: install var/secret_key
 # production; a private cluster the tests start themselves). The vLLM and browser tests exercise
 # the model and the page, not the database: they run once, and so does the multi-host test (its
 # own PostgreSQL). Both runs always run; either failing fails the target.
-# Open problem on PostgreSQL: under the 500-request burst on a loaded machine, requests wait for a
-# pooled connection, and some refused ones are answered only after the client gave up
-# (docs/ARCHITECTURE.md, "Database connections"); the PostgreSQL pass leaves that test out until
-# it is fixed (it passes on SQLite, and on PostgreSQL on a quiet machine).
-PG_OPEN_PROBLEM := tests/e2e/test_faults.py::test_a_burst_of_500_from_50_clients_gets_only_202_429_or_503_and_every_202_completes
-
 test: install-vllm var/secret_key
 	$(BIN)/python manage.py prepare_model
 	$(MAKE) --no-print-directory embedder
 	status=0; \
 	$(BIN)/python -m pytest || status=1; \
-	$(BIN)/python -m pytest --database postgres -m "not vllm and not browser and not multihost" \
-		--deselect "$(PG_OPEN_PROBLEM)" || status=1; \
+	$(BIN)/python -m pytest --database postgres -m "not vllm and not browser and not multihost" || status=1; \
 	exit $$status
 
 # Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak|peer|...` (docs/BENCHMARKS.md).

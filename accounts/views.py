@@ -10,7 +10,7 @@ from django.contrib.auth.forms import AuthenticationForm
 from django.http import HttpRequest, HttpResponse
 
 from accounts import login_throttle
-from chat.views import client_address
+from accounts.addresses import client_address
 
 
 class LoginView(auth_views.LoginView):

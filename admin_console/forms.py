@@ -8,10 +8,10 @@ from typing import Any
 from django import forms
 from django.core.exceptions import ValidationError
 
+from accounts.models import ACCOUNT_TIER_CHOICES, User
 from admin_console.models import CanaryRollout, validate_canary_steps
 from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS, VARIANT_FIELDS
 from api.models import ApiKey
-from chat.models import ACCOUNT_TIER_CHOICES, User
 from knowledge.models import Article
 from scheduler.models import TierPolicy, Variant
 

@@ -14,6 +14,7 @@ from django.utils import timezone
 from admin_console.models import AuditLog, CanaryRollout, QualityRun
 from chat.models import Message
 from knowledge.models import CachedAnswer
+from knowledge.quality import VariantSettings
 from scheduler import keys, timeseries
 from scheduler.autoscale import workers_desired
 from scheduler.models import CacheResult, CanaryRouting, Generation, TierPolicy, Variant
@@ -511,8 +512,15 @@ class QualityGate:
     reason: str  # why not, in the words the console shows; "" when passed
 
 
+def _scored_as_it_is(name: str, run: QualityRun) -> bool:
+    """Whether the score was asked with the variant's settings as they are now."""
+    variant = Variant.objects.filter(name=name).first()
+    return variant is not None and run.variant_settings == VariantSettings.of(variant).as_dict()
+
+
 def quality_gate(*, stable_variant: str, candidate_variant: str) -> QualityGate:
-    """A candidate may become stable only when its latest quality score is at least stable's."""
+    """A candidate may become stable only when its latest quality score, asked with its
+    settings as they are now, is at least stable's (likewise scored)."""
     stable = quality_run_latest(variant=stable_variant)
     candidate = quality_run_latest(variant=candidate_variant)
     missing = [
@@ -526,6 +534,17 @@ def quality_gate(*, stable_variant: str, candidate_variant: str) -> QualityGate:
         )
     assert stable is not None and candidate is not None and stable.overall is not None
     assert candidate.overall is not None
+    changed = [
+        name
+        for name, run in ((stable_variant, stable), (candidate_variant, candidate))
+        if not _scored_as_it_is(name, run)
+    ]
+    if changed:
+        return QualityGate(
+            False,
+            f"Not promoted: {' and '.join(changed)} changed since {'its' if len(changed) == 1 else 'their'} "
+            "last quality score. Score it again from the canary page first.",
+        )
     if candidate.overall < stable.overall:
         return QualityGate(
             False,

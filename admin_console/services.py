@@ -18,12 +18,12 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from accounts.models import User
 from admin_console import selectors
 from admin_console.models import AuditLog, CanaryRollout, QualityRun
 from api import keys as api_keys
 from api.keys import IssuedApiKey
 from api.models import ApiKey
-from chat.models import User
 from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
 from knowledge import services as knowledge_services
@@ -47,7 +47,17 @@ from scheduler.workers import live_workers
 EVALUATION_ACTOR_NAME = "canary evaluation"
 
 POLICY_FIELDS = tuple(f.name for f in TierPolicy._meta.fields if f.name not in {"tier", "updated_at"})
-VARIANT_FIELDS = ("model", "system_prompt", "temperature", "top_p", "max_tokens", "knowledge", "description")
+VARIANT_FIELDS = (
+    "model",
+    "system_prompt",
+    "temperature",
+    "top_p",
+    "frequency_penalty",
+    "max_tokens",
+    "knowledge",
+    "unknown_reply",
+    "description",
+)
 CANARY_RULE_FIELDS = (
     "max_error_rate_increase_points",
     "max_ttft_p95_ratio",
@@ -132,9 +142,9 @@ def variant_create(*, actor: User, name: str, values: dict[str, Any]) -> Variant
 
 
 def variant_update(*, actor: User, name: str, changes: dict[str, Any]) -> Variant:
-    """Change a variant: the next question routed to it is asked its new way (answers already
-    queued keep the prompt and sampling they were queued with). Raises Variant.DoesNotExist or
-    ValidationError."""
+    """Change a variant: the questions routed to it from then on (within a second in every web
+    process: scheduler.routing) are asked its new way; answers already queued keep the prompt and
+    sampling they were queued with. Raises Variant.DoesNotExist or ValidationError."""
     with transaction.atomic():
         variant = Variant.objects.select_for_update().get(name=name)
         before = _variant_values(variant)

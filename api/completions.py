@@ -20,13 +20,18 @@ from contextlib import AsyncExitStack
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from api.metrics import key_rate_limited_record
 from api.models import ApiKey
-from api.openai_protocol import ChatCompletionRequest, ChoiceDelta, CompletionRequest, NamedToolChoice
+from api.openai_protocol import (
+    GREEDY_TEMPERATURE,
+    ChatCompletionRequest,
+    ChoiceDelta,
+    CompletionRequest,
+    NamedToolChoice,
+)
 from api.openai_shapes import (
     ApiError,
     ChoiceOutcome,
@@ -35,6 +40,7 @@ from api.openai_shapes import (
     completion_id,
     completion_object,
     logprobs_shape,
+    model_not_found,
     named_tool_call_delta,
     ratelimit_headers,
     required_tool_calls,
@@ -46,13 +52,13 @@ from chat.sse import sse_comment, sse_data
 from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
 from scheduler import control
-from scheduler.admission import AdmissionRefused, request_answer_cached, request_submit
+from scheduler.admission import AdmissionRefused, request_answer_known, request_submit
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier, Usage, tokens_logprobs
 from scheduler.models import CacheResult, Variant
 from scheduler.policy import tier_policy
 from scheduler.prompt import prompt_token_count, text_prompt_token_count
 from scheduler.results import ResultEvent, result_follower
-from scheduler.routing import variant_for_conversation
+from scheduler.routing import variant_for_request
 from scheduler.rules import answer_wait_limit_s
 from scheduler.services import generation_cache_note
 
@@ -81,32 +87,30 @@ class SubmittedCompletion:
 
 def _cache_lookup(
     *, api_key: ApiKey, request: AnyCompletionRequest, variant: Variant
-) -> tuple[answer_cache.Lookup, str, np.ndarray] | None:
-    """A one-question call (a single user message, one choice, no tools, no logprobs) is a
-    first turn the result cache may answer; (the lookup, its context, the question's vector),
-    or None when it may not be looked up."""
+) -> tuple[answer_cache.Lookup, str] | None:
+    """A one-question call (a single user message, one choice, no tools, no logprobs) whose
+    answer does not depend on chance (greedy or seeded) is a first turn the result cache may
+    answer, by its text alone: a program asking again gets the answer `vllm serve` would give
+    it, never one to a similar question or one sampled for someone else. (The lookup, its
+    context), or None when it may not be looked up."""
     if not settings.ANSWER_CACHE_ENABLED or isinstance(request, CompletionRequest):
         return None  # a raw prompt is no customer's question
     messages = request.prompt_messages()
+    sampling = request.sampling_params()
     if (
         [m["role"] for m in messages] != ["user"]
         or request.choices != 1
         or request.tools is not None
         or request.logprobs
+        or (sampling.temperature >= GREEDY_TEMPERATURE and sampling.seed is None)
     ):
         return None
     question = messages[0]["content"]
     if answer_cache.personal_data_found(question, names=answer_cache.account_names(api_key.owner)):
         return None
-    try:
-        vector = knowledge_selectors.question_vector(question)
-    except knowledge_selectors.EmbedderUnavailable:
-        return None
-    context = answer_cache.api_context(variant, request.sampling_params())
-    lookup = answer_cache.answer_lookup(
-        variant=variant.name, context=context, question=question, vector=vector
-    )
-    return lookup, context, vector
+    context = answer_cache.api_context(variant, sampling)
+    lookup = answer_cache.answer_lookup(variant=variant.name, context=context, question=question, vector=None)
+    return lookup, context
 
 
 def _tokens_at_most(request: AnyCompletionRequest) -> int:
@@ -133,14 +137,16 @@ def _too_large(*, api_key: ApiKey, tokens: int, tokens_per_minute: int) -> ApiEr
 
 def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> SubmittedCompletion:
     """Admit the request under the key's tier and limits, or answer it from the result cache;
-    raises AdmissionRefused, or ApiError for a request larger than its key's tokens per minute
-    (it would never be admitted).
+    raises AdmissionRefused, or ApiError for a model no variant answers (404) or a request larger
+    than its key's tokens per minute (it would never be admitted).
 
     Each of the `n` choices is a generation of its own (a job, a record, a result stream), so
     it counts against the key's limits as a request would; if one is refused, those already
     admitted are cancelled and the call is refused as a whole."""
     request_ids = [str(uuid.uuid4()) for _ in range(request.choices)]
-    variant = variant_for_conversation(conversation_id=completion_id(request_ids[0]))
+    variant = variant_for_request(model=request.model, request_id=completion_id(request_ids[0]))
+    if variant is None:
+        raise model_not_found(request.model)
     tier = Tier(api_key.effective_tier)
     text = isinstance(request, CompletionRequest)
     limits = api_key.limits
@@ -171,7 +177,7 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
             answer = cached[0].answer
             # The key pays what the cached answer used: its prompt and its completion.
             used = tokens - request.answer_max_tokens + answer.completion_tokens if tokens else 0
-            admission = request_answer_cached(job=jobs[0], answer=answer, limits=limits, tokens=used)
+            admission = request_answer_known(job=jobs[0], answer=answer, limits=limits, tokens=used)
             key_state = admission.key_state
         else:
             for index, job in enumerate(jobs):
@@ -187,13 +193,13 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
             key_rate_limited_record(api_key=api_key, limit=KEY_LIMIT_REASONS[refusal.reason])
         raise
     if cached is not None and cached[0].answer is None:
-        lookup, context, vector = cached
+        lookup, context = cached
         generation_cache_note(request_id=request_ids[0], result=CacheResult.MISS, lookup_ms=lookup.lookup_ms)
         answer_cache.answer_remember(
             variant=variant.name,
             context=context,
             question=jobs[0].messages[0]["content"],
-            vector=vector,
+            vector=None,
             kb_version=knowledge_selectors.knowledge_base_version(),
             source_slugs=[],
             request_id=request_ids[0],

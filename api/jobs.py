@@ -30,9 +30,9 @@ from django.db.models import Count, Q, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from accounts.models import User
 from api.models import ApiKey, BatchJob, BatchJobItem
 from api.openai_protocol import ChatCompletionRequest
-from chat.models import User
 from scheduler import control, keys
 from scheduler.admission import AdmissionRefused, request_submit
 from scheduler.generation import (
@@ -46,7 +46,7 @@ from scheduler.generation import (
     event_decode,
 )
 from scheduler.redis import sync_redis
-from scheduler.routing import variant_for_conversation
+from scheduler.routing import canary_split, variant_for_conversation, variant_for_request
 
 logger = logging.getLogger(__name__)
 
@@ -67,12 +67,23 @@ class TooManyActiveJobs(Exception):
     """The owner already has BATCH_JOB_MAX_ACTIVE_PER_OWNER jobs queued or running."""
 
 
+class ModelUnknown(Exception):
+    """A request names a model no variant answers."""
+
+    def __init__(self, model: str) -> None:
+        super().__init__(model)
+        self.model = model
+
+
 # --- writes -----------------------------------------------------------------------------------
 
 
 def job_create(*, api_key: ApiKey, requests: list[ChatCompletionRequest]) -> BatchJob:
     """Store the job and its requests, ready for a Celery task to feed (api.tasks.job_start).
-    Raises TooManyActiveJobs."""
+    Raises ModelUnknown or TooManyActiveJobs."""
+    for request in requests:
+        if variant_for_request(model=request.model, request_id=str(uuid.uuid4())) is None:
+            raise ModelUnknown(request.model)
     with transaction.atomic():
         # Locking the owner's row serialises one owner's creations, so two at once cannot both
         # pass the count below.
@@ -90,7 +101,11 @@ def job_create(*, api_key: ApiKey, requests: list[ChatCompletionRequest]) -> Bat
             BatchJobItem(
                 job=job,
                 index=n,
-                request={"messages": request.prompt_messages(), **request.sampling_params().to_dict()},
+                request={
+                    "model": request.model,
+                    "messages": request.prompt_messages(),
+                    **request.sampling_params().to_dict(),
+                },
             )
             for n, request in enumerate(requests)
         )
@@ -167,7 +182,11 @@ def _job_complete(job_id: UUID, runner: str) -> None:
 
 def _item_reserve(item: BatchJobItem) -> bool:
     request_id = uuid.uuid4()
-    variant = variant_for_conversation(conversation_id=str(request_id))
+    # Items stored before they kept their model are the stable variant's, as routed then.
+    model = item.request.get("model") or canary_split().stable_variant
+    variant = variant_for_request(model=model, request_id=str(request_id))
+    if variant is None:  # removed since the job was created
+        variant = variant_for_conversation(conversation_id=str(request_id))
     reserved = BatchJobItem.objects.filter(
         pk=item.pk, status=BatchJobItem.Status.PENDING, generation_id__isnull=True
     ).update(generation_id=request_id, variant=variant.name, model=variant.model)

@@ -14,9 +14,9 @@ from datetime import timedelta
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from accounts.models import ACCOUNT_TIERS, User
 from api import jobs
 from api.models import ApiKey
-from chat.models import ACCOUNT_TIERS, User
 
 KEY_PREFIX = "sk-"
 VISIBLE_CHARS = 8  # of the random part, shown in lists: enough to tell keys apart

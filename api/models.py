@@ -10,7 +10,7 @@ import uuid
 from django.core.validators import MinValueValidator
 from django.db import models
 
-from chat.models import ACCOUNT_TIER_CHOICES, User
+from accounts.models import ACCOUNT_TIER_CHOICES, User
 from scheduler.key_limits import KeyLimits
 from scheduler.models import generation_link
 

@@ -45,9 +45,11 @@ GREEDY_TEMPERATURE = 1e-5  # vLLM's _SAMPLING_EPS: below it, sampling is greedy
 DEFAULT_TEMPERATURE = 1.0
 
 
-# vLLM's extensions that would change the answer and that this service does not apply, with the
-# values that leave it unchanged: a request that sets one otherwise is refused, never answered as
-# if it had not asked. (Parameters vLLM itself does not know are ignored, as vLLM ignores them.)
+# vLLM's extensions that would change the answer (or what its response carries) and that this
+# service does not apply, with the values that leave it unchanged: a request that sets one
+# otherwise is refused, never answered as if it had not asked. (Parameters vLLM itself does not
+# know are ignored, as vLLM ignores them; tests/api/test_openai_protocol.py checks that every
+# parameter vLLM knows is applied, refused this way, or in NO_EFFECT.)
 _NOT_APPLIED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False),
     "echo": (None, False),
@@ -62,13 +64,49 @@ _NOT_APPLIED: dict[str, tuple[Any, ...]] = {
     "thinking_token_budget": (None,),
     "repetition_detection": (None,),
     "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False),
+    "return_token_offsets": (None, False),
+    "spaces_between_special_tokens": (None, True),
+    "vllm_xargs": (None,),
+    "watermarking": (None,),
+    # `vllm serve` without priority scheduling refuses any other priority, as this service does:
+    # its tiers come from the API key.
+    "priority": (None, 0),
 }
-# Chat's own: how the conversation becomes the prompt.
+# Chat's own: how the conversation becomes the prompt, and what else the response would carry.
 _CHAT_NOT_APPLIED: dict[str, tuple[Any, ...]] = {
     "add_generation_prompt": (None, True),
     "continue_final_message": (None, False),
     "chat_template": (None,),
+    "chat_template_kwargs": (None,),
+    "add_special_tokens": (None, False),
+    "documents": (None,),
+    "reasoning_effort": (None,),
+    "mm_processor_kwargs": (None,),
+    "media_io_kwargs": (None,),
+    "return_prompt_text": (None, False),
 }
+# vLLM's parameters that change nothing of the answer or its response here, accepted with any
+# value: they steer its infrastructure (disaggregated serving, prefix-cache salting, session
+# routing, multimodal rendering, expert statistics), how tokens are grouped into stream chunks,
+# the engine request's id (this service makes its own), beam search's length penalty (no beam
+# search), and reasoning output of models that have no reasoning parser here (none has).
+NO_EFFECT = frozenset(
+    {
+        "cache_salt",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "session_id",
+        "request_id",
+        "stream_interval",
+        "routed_experts_prompt_start",
+        "mm_payload",
+        "return_mm_kwargs",
+        "truncation_side",
+        "length_penalty",
+        "include_reasoning",
+    }
+)
 # A text completion's own: a prompt continued as it is written, one answer per choice.
 _TEXT_NOT_APPLIED: dict[str, tuple[Any, ...]] = {
     "suffix": (None,),
@@ -567,7 +605,7 @@ class ErrorDetail(BaseModel):
     message: str
     type: str
     param: str | None
-    code: str | None
+    code: str | int | None  # OpenAI's codes are strings; vLLM's errors carry their status
 
 
 class ErrorResponse(BaseModel):
@@ -792,7 +830,7 @@ def _errors(*statuses: int) -> dict[str, Any]:
     meaning = {
         400: "Invalid request",
         401: "Missing, unknown or revoked API key",
-        404: "Not found",
+        404: "Not found (for a request, the model named does not exist)",
         405: "Wrong method",
         409: "Conflict",
         413: "Request body too large",
@@ -886,7 +924,7 @@ def openapi_document() -> dict[str, Any]:
                                 },
                             },
                         },
-                        **_errors(400, 413, 429, 500, 503),
+                        **_errors(400, 404, 413, 429, 500, 503),
                     },
                 }
             },
@@ -909,7 +947,7 @@ def openapi_document() -> dict[str, Any]:
                                 },
                             },
                         },
-                        **_errors(400, 413, 429, 500, 503),
+                        **_errors(400, 404, 413, 429, 500, 503),
                     },
                 }
             },
@@ -919,7 +957,7 @@ def openapi_document() -> dict[str, Any]:
                     "requestBody": {"required": True, "content": _json(JobCreateRequest)},
                     "responses": {
                         "202": {"description": "Accepted", "content": _json(Job)},
-                        **_errors(400, 413, 429),
+                        **_errors(400, 404, 413, 429),
                     },
                 }
             },

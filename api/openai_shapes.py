@@ -63,7 +63,7 @@ class ApiError(Exception):
         message: str,
         *,
         type: str = "invalid_request_error",  # OpenAI's field name
-        code: str | None = None,
+        code: str | int | None = None,  # vLLM's errors carry their status here
         param: str | None = None,
         retry_after_s: int | None = None,
         retryable: bool | None = None,
@@ -214,6 +214,13 @@ def _parsed(model: type[SamplingRequestT], data: Any, param_prefix: str) -> Samp
         return model.model_validate(data)
     except ValidationError as exc:
         raise _validation_error(exc, param_prefix) from None
+
+
+def model_not_found(model: str) -> ApiError:
+    """vLLM's answer to a request naming a model it does not serve."""
+    return ApiError(
+        404, f"The model `{model}` does not exist.", type="NotFoundError", param="model", code=404
+    )
 
 
 def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = False) -> ChatCompletionRequest:

@@ -34,6 +34,7 @@ from api.openai_shapes import (
     job_object,
     job_requests_parse,
     model_list,
+    model_not_found,
     model_object,
     ratelimit_headers,
     text_completion_request_parse,
@@ -241,6 +242,8 @@ def job_create(request: HttpRequest) -> HttpResponse:
     requests = job_requests_parse(_json_body(request))
     try:
         job = jobs.job_create(api_key=api_key, requests=requests)
+    except jobs.ModelUnknown as exc:
+        raise model_not_found(exc.model) from None
     except jobs.TooManyActiveJobs as exc:
         # No honest Retry-After: jobs take as long as they take. Clients should not loop.
         raise ApiError(429, str(exc), type="requests", code="too_many_active_jobs", retryable=False) from None

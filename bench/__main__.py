@@ -1,13 +1,14 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
 Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, cache,
-autoscale, quality, peer (see docs/BENCHMARKS.md).
+autoscale, quality, peer, control, post (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import platform
 import resource
@@ -64,10 +65,12 @@ def main() -> None:
             "autoscale",
             "quality",
             "peer",
+            "control",
+            "post",
         ],
     )
     parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
-    parser.add_argument("--rounds", type=int, default=3, help="overhead, peer: interleaved rounds")
+    parser.add_argument("--rounds", type=int, default=3, help="overhead, peer, control: interleaved rounds")
     parser.add_argument("--input-len", type=int, default=128, help="peer: the random dataset's prompt tokens")
     parser.add_argument("--output-len", type=int, default=64, help="peer: tokens per answer")
     parser.add_argument("--streams", default="200,1000,2000", help="fanout: stream counts")
@@ -76,7 +79,9 @@ def main() -> None:
         "--duration", type=float, help="seconds of traffic: scheduling (default 60), soak (default 600)"
     )
     parser.add_argument(
-        "--modes", default="policy,no-preemption,fifo", help="scheduling: the modes to run (comma-separated)"
+        "--modes",
+        default="policy,preempt-at-once,no-preemption,fifo",
+        help="scheduling: the modes to run (comma-separated)",
     )
     parser.add_argument("--tabs", default="1,10,50", help="console: staff tabs open at once")
     parser.add_argument("--chunks", type=int, default=10_000, help="retrieval: chunks in the index")
@@ -86,19 +91,32 @@ def main() -> None:
     parser.add_argument(
         "--start-s", type=float, default=30.0, help="autoscale: the simulated engine's start time"
     )
+    parser.add_argument("--cancels", type=int, default=500, help="control: cancels timed per run")
+    parser.add_argument("--listeners", default="1,4", help="control: worker processes listening")
+    parser.add_argument("--posts", type=int, default=150, help="post: sequential posts timed per client")
+    parser.add_argument("--profile", action="store_true", help="post: also profile the signed-in posts")
+    parser.add_argument(
+        "--sweep", action="store_true", help="quality: also sweep system prompts and temperatures"
+    )
+    parser.add_argument(
+        "--cache-similarity",
+        default="",
+        help="quality: thresholds to run the result cache's row at, e.g. 0.88,0.8 (default: the setting's)",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line for every request otherwise
     if args.scenario == "cache":
         # In this process, like retrieval.
         from bench.answer_cache import answer_cache
 
         print("== cache ==", flush=True)
         report = answer_cache(entries=args.entries, queries=args.queries)
-        chat, api = report["miss_lookup_ms"], report["miss_lookup_with_embedding_ms"]
+        chat, api = report["miss_lookup_ms"], report["miss_lookup_exact_ms"]
         print(
             f"{report['entries']} cached questions, {report['queries']} misses: "
             f"lookup p50 {chat['p50']:.3f} ms, p99 {chat['p99']:.3f} ms, max {chat['max']:.3f} ms; "
-            "with the question's embedding (API) "
+            "by its text alone (API) "
             f"p50 {api['p50']:.2f} ms, p99 {api['p99']:.2f} ms; remembering the question "
             f"p50 {report['miss_remember_ms']['p50']:.2f} ms, p99 {report['miss_remember_ms']['p99']:.2f} ms"
         )
@@ -111,6 +129,40 @@ def main() -> None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "cache.json").write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out / 'cache.json'}", file=sys.stderr)
+        return
+    if args.scenario == "control":
+        # Before Django is set up here: the scenario points it at a Redis of its own.
+        from bench.control import control
+
+        print("== control ==", flush=True)
+        report = control(
+            cancels=args.cancels, listeners=[int(n) for n in args.listeners.split(",")], rounds=args.rounds
+        )
+        report["machine"] = machine()
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "control.json").write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out / 'control.json'}", file=sys.stderr)
+        return
+    if args.scenario == "post":
+        # In this process: the web's own cost of a post, with no stack around it.
+        from bench.post import post, profile_summary
+
+        print("== post ==", flush=True)
+        args.out.mkdir(parents=True, exist_ok=True)
+        profile = args.out / "post.prof" if args.profile else None
+        report = post(posts=args.posts, profile_to=profile)
+        for kind in ("guest", "signed_in"):
+            row = report[kind]
+            print(
+                f"{kind:<9} {report['posts']} posts: p50 {row['post_ms']['p50']:.2f} ms, "
+                f"p99 {row['post_ms']['p99']:.2f} ms; SQL statements {row['sql_statements']['mean']:.1f}, "
+                f"Redis round trips {row['redis_round_trips']['mean']:.1f} per post"
+            )
+        if profile is not None:
+            profile_summary(profile)
+        report["machine"] = machine()
+        (args.out / "post.json").write_text(json.dumps(report, indent=2))
+        print(f"wrote {args.out / 'post.json'}", file=sys.stderr)
         return
     if args.scenario == "retrieval":
         # In this process, with no stack to start and nothing to plot.
@@ -136,15 +188,24 @@ def main() -> None:
 
         plots.pyplot()
         print("== quality ==", flush=True)
-        report = quality()
+        similarities = tuple(float(value) for value in args.cache_similarity.split(",") if value)
+        report = quality(sweep=args.sweep, cache_similarities=similarities)
         for run in report["runs"]:
             print(
                 f"{run['name']:<45} overall {run['overall']:.3f}  facts {run['facts']:.3f}  "
                 f"source {run['sources']:.3f}  don't know {run['dont_know']:.3f}  "
                 f"language {run['language']:.3f}  failed {run['failed']}"
             )
-        best = report["best"]
-        print(f"best: {best['prompt']} at temperature {best['temperature']:g} ({best['overall']:.3f})")
+            if "cache" in run:
+                cache = run["cache"]
+                print(f"  served from the result cache: {cache['hits']}/{run['questions']}")
+                for served in cache["served_questions"]:
+                    source = ", ".join(served["served_from"]) or "?"
+                    answer = served["through_cache"]["answer"][:80]
+                    print(f"    {served['id']} ({served['match']}, the answer to {source}): {answer!r}")
+        if "best" in report:
+            best = report["best"]
+            print(f"best: {best['prompt']} at temperature {best['temperature']:g} ({best['overall']:.3f})")
         report["machine"] = machine()
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))

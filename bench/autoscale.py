@@ -9,7 +9,6 @@ machine's CPU); everything else about a worker start (Python, Django) is real.
 from __future__ import annotations
 
 import asyncio
-import logging
 import random
 import threading
 import time
@@ -223,7 +222,6 @@ def _summary(
 
 def autoscale(*, start_s: float = 30.0, spares: int = 3, warm_s: float = 30.0, step_s: float = 90.0) -> dict:
     """The same step twice: cold starts only, then with `spares` warm spares."""
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line a scrape otherwise
     report: dict[str, Any] = {
         "worker_capacity_per_s": WORKER_CAPACITY_PER_S,
         "service_s": SERVICE_S,

@@ -73,17 +73,23 @@ def fanout(report: dict, path: Path) -> Path:
     plt = pyplot()
     counts = sorted(report["table"])
     rows = [report["table"][c] for c in counts]
-    figure, (tps, itl) = plt.subplots(1, 2, figsize=(10, 4))
+    figure, (tps, itl, whole) = plt.subplots(1, 3, figsize=(15, 4))
     tps.plot(counts, [r["bare"]["tokens_per_s"] for r in rows], "o-", label="bare Django SSE (ceiling)")
     tps.plot(counts, [r["stack"]["tokens_per_s"] for r in rows], "o-", label="through the stack")
     tps.set(xlabel="concurrent streams", ylabel="tokens/s delivered", title="Fan-out throughput")
     tps.legend()
-    # Not ITL: a relay that fell behind writes several tokens at once, so gaps of zero would
-    # flatter it. The time until a stream has its whole answer cannot be flattered.
-    itl.plot(counts, [r["bare"]["last_token_s"]["p99"] for r in rows], "o-", label="bare")
-    itl.plot(counts, [r["stack"]["last_token_s"]["p99"] for r in rows], "o-", label="stack")
-    itl.set(xlabel="concurrent streams", ylabel="seconds (p99)", title="Until a stream has its whole answer")
+    # Per arrival: tokens that reach the reader together count once, so a relay that catches up
+    # in large writes is not flattered by the zero gaps between the tokens of one write.
+    itl.plot(counts, [(r["bare"]["itl_s"]["p99"] or 0) * 1000 for r in rows], "o-", label="bare")
+    itl.plot(counts, [(r["stack"]["itl_s"]["p99"] or 0) * 1000 for r in rows], "o-", label="stack")
+    itl.set(xlabel="concurrent streams", ylabel="ms (p99)", title="Gap between arrivals of text")
     itl.legend()
+    whole.plot(counts, [r["bare"]["last_token_s"]["p99"] for r in rows], "o-", label="bare")
+    whole.plot(counts, [r["stack"]["last_token_s"]["p99"] for r in rows], "o-", label="stack")
+    whole.set(
+        xlabel="concurrent streams", ylabel="seconds (p99)", title="Until a stream has its whole answer"
+    )
+    whole.legend()
     figure.suptitle("Fan-out (simulated engine at zero cost)")
     return _save(figure, path)
 
@@ -117,7 +123,7 @@ def idle(report: dict, path: Path) -> Path:
 def scheduling(report: dict, path: Path, *, modes: tuple[str, ...]) -> Path:
     plt = pyplot()
     figure, (cdf, depth) = plt.subplots(1, 2, figsize=(11, 4))
-    styles = {"policy": "-", "no-preemption": ":", "fifo": "--"}
+    styles = {"policy": "-", "preempt-at-once": "-.", "no-preemption": ":", "fifo": "--"}
     for mode, style in ((mode, styles[mode]) for mode in modes):
         for tier in ("vip", "normal"):
             samples = report[mode]["ttft_samples"][tier]
@@ -213,26 +219,41 @@ def autoscale(report: dict, path: Path) -> Path:
 
 
 def quality(report: dict, path: Path) -> Path:
+    """The default variant's rows, part by part; beside them, with `--sweep`, the overall score
+    of each system prompt by frequency penalty (greedy)."""
     plt = pyplot()
-    runs = report["runs"]
-    parts = ["facts", "sources", "dont_know", "language", "overall"]
-    figure, axes = plt.subplots(figsize=(11, 4.5))
+    runs = [run for run in report["runs"] if "penalty" not in run["name"]]
+    swept = [run for run in report["runs"] if "penalty" in run["name"] and run["temperature"] == 0]
+    parts = ["facts", "sources", "dont_know", "language", "readable", "overall"]
+    figure, (bars, sweep) = plt.subplots(
+        1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 1.4]} if swept else None
+    )
     width = 0.8 / len(runs)
     for i, run in enumerate(runs):
-        axes.bar(
+        bars.bar(
             [p + (i - len(runs) / 2 + 0.5) * width for p in range(len(parts))],
-            [run[p] for p in parts],
+            [run.get(p, 0) for p in parts],
             width,
             label=run["name"],
         )
-    axes.set(
+    bars.set(
         xticks=list(range(len(parts))),
-        xticklabels=["facts", "source quoted", "don't know", "language", "overall"],
+        xticklabels=["facts", "source quoted", "don't know", "language", "readable", "overall"],
         ylim=(0, 1),
         ylabel="share right",
         title=f"Quality score, {report['model']}, {report['questions']} questions",
     )
-    axes.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    bars.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
+    if swept:
+        for prompt in sorted({run["prompt"] for run in swept}):
+            points = sorted(
+                (run["frequency_penalty"], run["overall"]) for run in swept if run["prompt"] == prompt
+            )
+            sweep.plot([x for x, _ in points], [y for _, y in points], marker="o", label=prompt)
+        sweep.set(xlabel="frequency penalty", ylabel="overall", title="Sweep, temperature 0")
+        sweep.legend(fontsize=7)
+    else:
+        sweep.axis("off")
     return _save(figure, path)
 
 

@@ -34,6 +34,7 @@ from inference.engines.simulated import simulated_answer_tokens
 from launcher.process import Process
 from launcher.stack import Stack
 from scheduler import keys
+from scheduler.generation import AnswerFold, Done, event_decode
 
 OUTPUT_TOKENS = 40
 VARIANT = "stable"  # no canary split in the soak: every request is served by the stable variant
@@ -87,22 +88,20 @@ class Answer:
     request_id: str | None = None
     outcome: str = "pending"
     text: str = ""
-    tokens: list[str] = field(default_factory=list)  # chat: the current attempt, by seq
-    duplicated_tokens: int = 0
-    skipped_tokens: int = 0
-    resets: int = 0
+    fold: AnswerFold = field(default_factory=AnswerFold)  # chat: the stream's events
     reconnects: int = 0
 
-    def token(self, seq: int, text: str) -> None:
-        if seq < len(self.tokens):
-            self.duplicated_tokens += 1
-            return
-        self.skipped_tokens += seq - len(self.tokens)
-        self.tokens += [""] * (seq - len(self.tokens)) + [text]
+    @property
+    def duplicated_tokens(self) -> int:
+        return self.fold.repeated
 
-    def reset(self) -> None:
-        self.tokens.clear()
-        self.resets += 1
+    @property
+    def skipped_tokens(self) -> int:
+        return self.fold.skipped
+
+    @property
+    def resets(self) -> int:
+        return self.fold.resets
 
 
 @dataclass
@@ -173,17 +172,15 @@ async def _follow_chat(session: Session, path: str, answer: Answer) -> None:
 
 def _chat_event(answer: Answer, event: SseEvent) -> bool:
     """Apply one event; True when the answer has ended."""
-    if event.event == "token":
-        data = json.loads(event.data)
-        answer.token(data["seq"], data["text"])
-    elif event.event == "reset":
-        answer.reset()
-    elif event.event in ("done", "error"):
-        data = json.loads(event.data)
-        answer.text = "".join(answer.tokens)
-        answer.outcome = "done" if event.event == "done" else f"error:{data.get('code')}"
-        return True
-    return False
+    if event.event == "status":
+        return False  # the relay's own; the rest are result events
+    answer.fold.add(event_decode(event.event, json.loads(event.data)))
+    end = answer.fold.end
+    if end is None:
+        return False
+    answer.text = answer.fold.text
+    answer.outcome = "done" if isinstance(end, Done) else f"error:{end.code}"
+    return True
 
 
 def _request_id(completion_id: str) -> str:

@@ -36,6 +36,13 @@ def guest_key_known(request: HttpRequest) -> str:
     return request.get_signed_cookie(COOKIE, default="", salt=_SALT)
 
 
+def guest_key_in(cookies: dict[str, str]) -> str:
+    """`guest_key_known` for code that has the request's cookies but no HttpRequest."""
+    request = HttpRequest()
+    request.COOKIES = cookies
+    return guest_key_known(request)
+
+
 def guest_remember(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     """Give the guest the cookie for a key made during this request."""
     if getattr(request, "_guest_key_is_new", False):

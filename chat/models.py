@@ -1,4 +1,4 @@
-"""Accounts (with their tier), conversations and messages.
+"""Conversations and messages.
 
 Answers are not stored here: an assistant message links to the scheduler's record of its
 generation (scheduler.models.Generation) by request id.
@@ -6,26 +6,17 @@ generation (scheduler.models.Generation) by request id.
 
 import uuid
 
-from django.contrib.auth.models import AbstractUser
+from django.conf import settings
 from django.db import models
 
-from scheduler.generation import Tier
 from scheduler.models import generation_link
-
-# A customer's tier; batch is the tier of batch jobs, not of accounts.
-ACCOUNT_TIERS = (Tier.NORMAL, Tier.VIP)
-ACCOUNT_TIER_CHOICES = [(tier.value, tier.label) for tier in ACCOUNT_TIERS]
-
-
-class User(AbstractUser):
-    tier = models.CharField(max_length=16, choices=ACCOUNT_TIER_CHOICES, default=Tier.NORMAL)
 
 
 class Conversation(models.Model):
     """Owned by an account, or by a guest's session when `owner` is empty."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    owner = models.ForeignKey(User, null=True, blank=True, on_delete=models.CASCADE)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE)
     session_key = models.CharField(max_length=40, blank=True, db_index=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

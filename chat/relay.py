@@ -6,14 +6,15 @@ the stream has been quiet for the heartbeat interval.
 """
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 
 import redis
 from django.conf import settings
 
-from chat.sse import sse_comment, sse_event, sse_retry
-from scheduler.generation import TERMINAL_EVENTS, Queued, Start, Tier, event_data
+from chat.sse import sse_comment, sse_event, sse_event_json, sse_retry
+from scheduler.generation import TERMINAL_EVENTS, Done, Queued, Start, Tier, Token, event_data
 from scheduler.queues import claimed_through, queue_state_async
 from scheduler.redis import async_redis
 from scheduler.results import ResultEvent, result_follower
@@ -52,8 +53,17 @@ async def _queued_status(model: str, tier: str, seq: int) -> dict:
 
 def _sse_for(event: ResultEvent) -> bytes:
     """Result events are the browser's events, but for `start`, which it sees as a status."""
+    if isinstance(event.body, Token):
+        # The per-token path: the stream holds the token as the browser reads it.
+        return sse_event_json(event.type, event.data, event.id)
     if isinstance(event.body, Start):
         return sse_event("status", {"state": "running"}, event.id)
+    if isinstance(event.body, Done) and event.body.timings is not None:
+        # The kind of engine (is it simulated?), not which model wrote it: during a canary on
+        # another model that would tell customers which variant answered (as its name would).
+        engine = event.body.timings.engine.partition(":")[0]
+        body = dataclasses.replace(event.body, timings=dataclasses.replace(event.body.timings, engine=engine))
+        return sse_event(event.type, event_data(body), event.id)
     return sse_event(event.type, event_data(event.body), event.id)
 
 

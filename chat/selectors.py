@@ -2,10 +2,11 @@
 
 from uuid import UUID
 
-from django.db.models import OuterRef, Q, QuerySet, Subquery
+from django.db.models import BooleanField, ExpressionWrapper, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Left
 
-from chat.models import Conversation, Message, User
+from accounts.models import User
+from chat.models import Conversation, Message
 
 
 def _owned_by(user: User | None, session_key: str | None, via: str = "") -> Q:
@@ -18,14 +19,19 @@ def _owned_by(user: User | None, session_key: str | None, via: str = "") -> Q:
     return Q(pk__in=[])
 
 
-def conversation_get(*, conversation_id: UUID, user: User | None, session_key: str | None) -> Conversation:
-    """Raises Conversation.DoesNotExist for unknown ids and for other clients' conversations."""
-    return Conversation.objects.get(_owned_by(user, session_key), pk=conversation_id)
-
-
-def conversation_exists(*, conversation_id: UUID) -> bool:
-    """Whoever owns it."""
-    return Conversation.objects.filter(pk=conversation_id).exists()
+def conversation_find(
+    *, conversation_id: UUID, user: User | None, session_key: str | None
+) -> Conversation | None:
+    """The client's conversation, or None when nobody has stored one with this id (one query).
+    Raises Conversation.DoesNotExist when it is another client's."""
+    conversation = (
+        Conversation.objects.filter(pk=conversation_id)
+        .annotate(owned=ExpressionWrapper(_owned_by(user, session_key), output_field=BooleanField()))
+        .first()
+    )
+    if conversation is not None and not conversation.owned:
+        raise Conversation.DoesNotExist(f"Conversation {conversation_id} is another client's.")
+    return conversation
 
 
 def conversation_latest(*, user: User | None, session_key: str | None) -> Conversation | None:

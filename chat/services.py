@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -16,16 +17,17 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
-from chat.models import Conversation, Message, User
+from accounts.models import User
+from chat.models import Conversation, Message
 from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
-from knowledge.prompts import SystemPrompt, system_prompt_build
+from knowledge.prompts import SystemPrompt, system_prompt_build, unknown_reply
 from scheduler import control
-from scheduler.admission import Admission, request_admit, request_admit_cached
+from scheduler.admission import HELP_CENTER, Admission, KnownAnswer, request_admit, request_admit_known
 from scheduler.generation import GenerationJob, Origin, Tier
 from scheduler.models import CacheResult, Generation, Variant
 from scheduler.routing import variant_for_conversation
-from scheduler.services import generation_cache_note, generation_create
+from scheduler.services import generation_insert
 
 
 class MessageRejected(ValueError):
@@ -107,12 +109,14 @@ class _CacheLookup:
     lookup: answer_cache.Lookup
 
 
+def _first_turn(conversation: Conversation) -> bool:
+    return conversation._state.adding or not conversation.messages.exists()
+
+
 def _cache_lookup(conversation: Conversation, text: str, variant: Variant) -> _CacheLookup | None:
-    """The result cache's lookup for the message, or None when the cache may not answer it: off,
-    not the conversation's first message, personal data in it, or no embedding model."""
+    """The result cache's lookup for a conversation's first message, or None when the cache may
+    not answer it: off, personal data in it, or no embedding model."""
     if not settings.ANSWER_CACHE_ENABLED:
-        return None
-    if not conversation._state.adding and conversation.messages.exists():
         return None
     if answer_cache.personal_data_found(text, names=answer_cache.account_names(conversation.owner)):
         return None
@@ -133,14 +137,18 @@ def _question_vector(text: str) -> np.ndarray | None:
 
 
 def _prompt_messages(
-    conversation: Conversation, text: str, system_prompt: SystemPrompt
+    conversation: Conversation, text: str, system_prompt: SystemPrompt, *, first: bool
 ) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
     """The system prompt (`knowledge.prompts.system_prompt_build`: the variant's prompt and the
     help center's excerpts on the message), as much recent history as fits the room the
     excerpts leave, then the new message: the prompt must leave room for the answer inside the
-    model's context. Also returns the articles quoted."""
+    model's context. Also returns the articles quoted. A `first` message has no history."""
     recent = (
-        conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
+        []
+        if first
+        else conversation.messages.filter(
+            Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE)
+        )
         .annotate(text=Coalesce("generation__text", "content"))
         .exclude(text="")
         .order_by("-created_at", "-id")
@@ -173,8 +181,10 @@ def message_post(
     """Persist the user's message and queue its answer; a new conversation (conversation_new)
     is saved with it.
 
-    A first message may be answered from the result cache (knowledge.cache) instead: the same
-    record, messages and stream, with no queue and no worker.
+    A first message may be answered from the result cache (knowledge.cache) instead, or, when
+    the help center has nothing on it and the variant says so, with the reply that we do not
+    know (knowledge.prompts.unknown_reply): the same record, messages and stream, with no
+    queue and no worker.
 
     Raises MessageRejected, ConversationBusy, or scheduler.admission.AdmissionRefused; on any
     refusal nothing of this message stays behind, nor a conversation saved for it.
@@ -183,31 +193,34 @@ def message_post(
     request_id = uuid.uuid4()
     variant = variant_for_conversation(conversation_id=str(conversation.pk))
     is_new = conversation._state.adding
+    first = _first_turn(conversation)
     # The result cache and retrieval are CPU work: done before the transaction, they hold no lock.
-    cached = _cache_lookup(conversation, text, variant)
-    hit = cached.lookup.answer if cached is not None else None
+    cached = _cache_lookup(conversation, text, variant) if first else None
+    known = cached.lookup.answer if cached is not None else None  # answered without the model
     system_prompt = None
-    if hit is None:
+    if known is None:
+        started = time.perf_counter()
         system_prompt = system_prompt_build(
             question=text,
             assistant_prompt=variant.system_prompt,
             use_help_center=variant.knowledge,
             vector=cached.vector if cached is not None else None,
         )
+        if first and variant.unknown_reply and system_prompt.found_nothing:
+            lookup_ms = (time.perf_counter() - started) * 1000
+            known = KnownAnswer(unknown_reply(text), HELP_CENTER, lookup_ms=lookup_ms, completion_tokens=0)
     with transaction.atomic():
         if is_new:
+            # Nobody sees the conversation before this commits: no answer can be in progress.
             _conversation_insert(conversation)
-        # One answer at a time: concurrent posts to a conversation take its row lock in turn, so
-        # each one's check sees the pending answer of the post before it. (SQLite has no row
-        # locks and ignores this; its immediate transactions take the database's write lock.)
-        Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).exists()
-        if _unfinished_answers(conversation).exists():
-            raise ConversationBusy("Please wait for the current answer, or stop it, first.")
-        if system_prompt is None:  # answered from the cache: the record keeps the question alone
-            assert cached is not None
-            messages, sources = [{"role": "user", "content": text}], cached.lookup.sources
         else:
-            messages, sources = _prompt_messages(conversation, text, system_prompt)
+            _conversation_take_turn(conversation)
+        if known is not None:  # no prompt to store: the record keeps the question alone
+            sources = cached.lookup.sources if system_prompt is None and cached is not None else []
+            messages = [{"role": "user", "content": text}]
+        else:
+            assert system_prompt is not None
+            messages, sources = _prompt_messages(conversation, text, system_prompt, first=first)
         job = GenerationJob(
             request_id=str(request_id),
             origin=Origin.CHAT,
@@ -219,18 +232,22 @@ def message_post(
             model=variant.model,
             disconnect_grace_s=settings.STREAM_DISCONNECT_GRACE_S,
         )
-        user_message = Message.objects.create(conversation=conversation, role=Message.Role.USER, content=text)
-        assistant_message = Message.objects.create(
-            conversation=conversation,
-            role=Message.Role.ASSISTANT,
-            generation_id=request_id,
-            sources=sources,
+        user_message, assistant_message = Message.objects.bulk_create(
+            [
+                Message(conversation=conversation, role=Message.Role.USER, content=text),
+                Message(
+                    conversation=conversation,
+                    role=Message.Role.ASSISTANT,
+                    generation_id=request_id,
+                    sources=sources,
+                ),
+            ]
         )
-        Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
-        generation_create(job=job)
+        missed = cached is not None and cached.lookup.answer is None
+        generation_insert(job=job, cache_lookup_ms=cached.lookup.lookup_ms if missed else None)
     try:
-        if hit is not None:
-            admission = request_admit_cached(job=job, answer=hit, client_address=client_address)
+        if known is not None:
+            admission = request_admit_known(job=job, answer=known, client_address=client_address)
         else:
             admission = request_admit(job=job, client_address=client_address)
     except Exception:
@@ -239,10 +256,8 @@ def message_post(
             if is_new:
                 conversation.delete()
         raise
-    if cached is not None and system_prompt is not None:
-        generation_cache_note(
-            request_id=job.request_id, result=CacheResult.MISS, lookup_ms=cached.lookup.lookup_ms
-        )
+    if cached is not None and known is None:
+        assert system_prompt is not None
         kb_version = system_prompt.kb_version
         answer_cache.answer_remember(
             variant=variant.name,
@@ -254,6 +269,17 @@ def message_post(
             request_id=job.request_id,
         )
     return PostedMessage(user_message, assistant_message, admission)
+
+
+def _conversation_take_turn(conversation: Conversation) -> None:
+    """Refuse a post to a stored conversation while an answer is in progress in it, else mark
+    it as just used. One answer at a time: concurrent posts to a conversation take its row lock
+    in turn, so each one's check sees the pending answer of the post before it. (SQLite has no
+    row locks and ignores this; its immediate transactions take the database's write lock.)"""
+    Conversation.objects.select_for_update(no_key=True).filter(pk=conversation.pk).exists()
+    if _unfinished_answers(conversation).exists():
+        raise ConversationBusy("Please wait for the current answer, or stop it, first.")
+    Conversation.objects.filter(pk=conversation.pk).update(updated_at=timezone.now())
 
 
 def _unfinished_answers(conversation: Conversation) -> QuerySet[Message]:

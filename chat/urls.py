@@ -11,5 +11,4 @@ urlpatterns = [
     path("chat/<uuid:conversation_id>/messages", views.message_post, name="message_post"),
     path("chat/requests/<uuid:request_id>/cancel", views.request_cancel, name="request_cancel"),
     path("chat/messages/<int:message_id>/feedback", views.message_feedback, name="message_feedback"),
-    path("chat/stream/<uuid:request_id>", views.stream, name="stream"),
 ]

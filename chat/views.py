@@ -1,19 +1,16 @@
-"""Chat views: parse, check access, call one service or selector, render or stream."""
+"""Chat views: parse, check access, call one service or selector, render. The answer stream is
+Channels' (chat/consumers.py)."""
 
 from __future__ import annotations
 
-import functools
-import logging
 from uuid import UUID
 
-from channels.db import database_sync_to_async
 from django.conf import settings
 from django.http import (
     Http404,
     HttpRequest,
     HttpResponse,
     JsonResponse,
-    StreamingHttpResponse,
 )
 from django.shortcuts import redirect, render
 from django.urls import reverse
@@ -21,15 +18,13 @@ from django.utils.crypto import salted_hmac
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
+from accounts.addresses import client_address
+from accounts.models import User
 from chat import guests, selectors, services
-from chat.models import Conversation, Message, User
-from chat.relay import relay_events
-from chat.sse import SSE_HEADERS
+from chat.consumers import stream_url
+from chat.models import Conversation, Message
 from scheduler.admission import AdmissionRefused
 from scheduler.generation import Tier
-from scheduler.results import parse_event_id
-
-logger = logging.getLogger(__name__)
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -50,27 +45,6 @@ def _client_id(request: HttpRequest) -> str:
         return f"user:{request.user.pk}"
     digest = salted_hmac("chat.guest-client-id", guests.guest_key(request), algorithm="sha256").hexdigest()
     return f"guest:{digest[:32]}"
-
-
-@functools.cache
-def _warn_forwarded_for_ignored() -> None:
-    logger.warning(
-        "A request came with X-Forwarded-For, but TRUSTED_PROXIES is empty, so the header is "
-        "ignored and every client behind the proxy shares the proxy's address (and its rate "
-        "limit). Set TRUSTED_PROXIES to the proxy's address."
-    )
-
-
-def client_address(request: HttpRequest) -> str:
-    """The client's network address: the peer, or the address the trusted proxy in front of us
-    saw."""
-    address = request.META.get("REMOTE_ADDR", "")
-    forwarded = request.headers.get("X-Forwarded-For")
-    if forwarded and address in settings.TRUSTED_PROXIES:
-        address = forwarded.split(",")[-1].strip()
-    elif forwarded and not settings.TRUSTED_PROXIES:
-        _warn_forwarded_for_ignored()
-    return address
 
 
 def _guest_address(request: HttpRequest) -> str | None:
@@ -100,12 +74,15 @@ def _conversation_or_404(request: HttpRequest, conversation_id: UUID) -> Convers
     """The client's conversation, or a new one (unsaved) when the id was offered to be one."""
     user, session_key = _client(request)
     try:
-        return selectors.conversation_get(conversation_id=conversation_id, user=user, session_key=session_key)
+        conversation = selectors.conversation_find(
+            conversation_id=conversation_id, user=user, session_key=session_key
+        )
     except Conversation.DoesNotExist as exc:
-        if not services.conversation_id_offered(conversation_id) or selectors.conversation_exists(
-            conversation_id=conversation_id
-        ):
-            raise Http404("No such conversation.") from exc
+        raise Http404("No such conversation.") from exc
+    if conversation is not None:
+        return conversation
+    if not services.conversation_id_offered(conversation_id):
+        raise Http404("No such conversation.")
     return services.conversation_new(conversation_id=conversation_id, owner=user, session_key=session_key)
 
 
@@ -122,7 +99,6 @@ def _render_page(request: HtmxHttpRequest, conversation: Conversation) -> HttpRe
             "conversation_is_new": conversation._state.adding,
             "messages": selectors.conversation_messages(conversation=conversation),
             "conversations": selectors.conversation_list(user=user, session_key=session_key),
-            "tier": _tier(request),
             "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
         },
     )
@@ -188,7 +164,7 @@ def message_post(request: HtmxHttpRequest, conversation_id: UUID) -> HttpRespons
                 "tier": admission.tier,
                 "position": admission.position,
                 "predicted_wait_s": round(admission.predicted_wait_s, 1),
-                "stream_url": reverse("chat:stream", args=[admission.request_id]),
+                "stream_url": stream_url(admission.request_id),
             },
             status=202,
         )
@@ -236,24 +212,3 @@ def message_feedback(request: HtmxHttpRequest, message_id: int) -> HttpResponse:
     if _wants_json(request):
         return JsonResponse({"message_id": message.pk, "feedback": request.POST["value"]})
     return redirect("chat:conversation", message.conversation_id)
-
-
-@require_GET
-async def stream(request: HttpRequest, request_id: UUID) -> HttpResponse:
-    def owned_message() -> Message:
-        user, session_key = _client(request)
-        return selectors.assistant_message_get(request_id=request_id, user=user, session_key=session_key)
-
-    try:
-        # One hop to a shared thread for the session, user and ownership reads together: a
-        # thread-sensitive hop would start and join a thread for every stream. The hop hands its
-        # database connection back, so an open stream holds none.
-        message = await database_sync_to_async(owned_message, thread_sensitive=False)()
-    except Message.DoesNotExist as exc:
-        raise Http404("No such request.") from exc
-    events = relay_events(
-        model=message.generation.model,
-        request_id=str(request_id),
-        after_id=parse_event_id(request.headers.get("Last-Event-ID")),
-    )
-    return StreamingHttpResponse(events, content_type="text/event-stream", headers=SSE_HEADERS)

@@ -1,10 +1,11 @@
-"""ASGI entry point for daphne: the start-up checks, then the application of `config.routing`."""
+"""ASGI entry point for daphne: the start-up checks, then the application of `config.routing`,
+with what starting allocated frozen out of the garbage collector's reach."""
 
 import os
 
 import django
 
-from config.startup import system_checks_enforce
+from config.startup import startup_heap_freeze, system_checks_enforce
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django.setup(set_prefix=False)
@@ -12,5 +13,7 @@ django.setup(set_prefix=False)
 system_checks_enforce()
 
 from config.routing import application  # noqa: E402
+
+startup_heap_freeze()
 
 __all__ = ["application"]

@@ -121,9 +121,13 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
         "max_size": env_int("DATABASE_POOL_SIZE", 20),
         "timeout": env_float("DATABASE_POOL_TIMEOUT_S", 10.0),
     }
+# Sync views a web process runs at once (config.middleware.SyncViewGate), and how long a
+# request waits for its turn before a 503. As many as the pool has connections: each can have one.
+WEB_SYNC_VIEWS_MAX = env_int("WEB_SYNC_VIEWS_MAX", env_int("DATABASE_POOL_SIZE", 20))
+WEB_SYNC_VIEW_WAIT_S = env_float("WEB_SYNC_VIEW_WAIT_S", 10.0)
 
-# Still in chat, not accounts: see accounts/apps.py.
-AUTH_USER_MODEL = "chat.User"
+# Its table is still `chat_user`: see accounts/migrations/0001_initial.py.
+AUTH_USER_MODEL = "accounts.User"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "chat:home"
 LOGOUT_REDIRECT_URL = "chat:home"
@@ -217,7 +221,7 @@ CHAT_HISTORY_MESSAGES = env_int("CHAT_HISTORY_MESSAGES", 12)
 # prompt still fits SmolLM2's 2,048-token context.
 CHAT_HISTORY_MAX_CHARS = env_int("CHAT_HISTORY_MAX_CHARS", 2000)
 # The system prompt and temperature that scored best on the quality questions
-# (`python -m bench quality`, docs/BENCHMARKS.md section 10).
+# (`python -m bench quality --sweep`, docs/BENCHMARKS.md section 10).
 CHAT_SYSTEM_PROMPT = env_str(
     "CHAT_SYSTEM_PROMPT",
     "You are a customer-service assistant. Reply in the same language as the customer, briefly and exactly.",
@@ -246,6 +250,8 @@ ANSWER_CACHE_MIN_SIMILARITY = env_float("ANSWER_CACHE_MIN_SIMILARITY", 0.88)
 GENERATION_MAX_TOKENS = env_int("GENERATION_MAX_TOKENS", 256)
 GENERATION_TEMPERATURE = env_float("GENERATION_TEMPERATURE", 0.0)
 GENERATION_TOP_P = env_float("GENERATION_TOP_P", 0.95)
+# The shipped variants' frequency penalty (0: none), chosen by the quality score.
+GENERATION_FREQUENCY_PENALTY = env_float("GENERATION_FREQUENCY_PENALTY", 1.0)
 GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
 SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
 SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 2.0)
@@ -384,6 +390,9 @@ VIP_RESERVED_SLOTS = env_int("VIP_RESERVED_SLOTS", 2)
 # A VIP job that finds every slot busy pauses the youngest normal (or batch) answer, which
 # resumes from its streamed text when a slot frees, instead of waiting for a slot to turn over.
 VIP_PREEMPTION = env_bool("VIP_PREEMPTION", True)
+# How long a VIP job that finds every slot busy waits for a slot to turn over before an answer
+# is paused for it: most get one meanwhile, and no answer pays the pause (BENCHMARKS.md, 5).
+VIP_PREEMPT_AFTER_S = env_float("VIP_PREEMPT_AFTER_S", 0.25)
 # The simulated engine's cost model (seconds); zero costs make it a pure token source.
 SIMULATED_PREFILL_S_PER_TOKEN = env_float("SIMULATED_PREFILL_S_PER_TOKEN", 0.0002)
 SIMULATED_DECODE_BASE_S = env_float("SIMULATED_DECODE_BASE_S", 0.02)

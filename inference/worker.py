@@ -39,7 +39,7 @@ from inference.engines.base import (
     GenerationRequest,
     resumable,
 )
-from scheduler import control, timeseries, warmpool, workers
+from scheduler import control, keys, timeseries, warmpool, workers
 from scheduler.admission import request_finished
 from scheduler.generation import (
     TERMINAL_EVENTS,
@@ -57,7 +57,7 @@ from scheduler.generation import (
 from scheduler.models import Generation
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import async_redis
-from scheduler.results import ResultPublisher, abandoned_request_ids, last_event_type
+from scheduler.results import ResultPublisher, abandoned_request_ids
 from scheduler.rules import lease_renewal_s
 from scheduler.services import GenerationOutcome, generation_finish
 
@@ -92,6 +92,9 @@ class WorkerConfig:
     normal_aging_s: float
     batch_max_slots: int
     vip_preemption: bool
+    # How long a VIP job that finds every slot busy waits for one to turn over before an answer
+    # is paused for it (0: at once).
+    vip_preempt_after_s: float = 0.0
 
     @classmethod
     def from_settings(cls) -> WorkerConfig:
@@ -107,6 +110,7 @@ class WorkerConfig:
             normal_aging_s=settings.NORMAL_AGING_S,
             batch_max_slots=settings.BATCH_MAX_SLOTS,
             vip_preemption=settings.VIP_PREEMPTION,
+            vip_preempt_after_s=settings.VIP_PREEMPT_AFTER_S,
         )
 
 
@@ -116,6 +120,9 @@ class _Running:
     started_at: float = 0.0  # loop time it first started: the youngest is preempted first
     task: asyncio.Task[None] | None = None
     cancel_requested: bool = False
+    # The type of the latest event in its result stream when it was claimed: "queued" for a
+    # fresh start (see _serve_job).
+    previous_event: str | None = Queued.type
     text: list[str] = field(default_factory=list)
     # True only while the engine is writing it and it may be paused for a VIP job.
     preemptible: bool = False
@@ -123,6 +130,21 @@ class _Running:
     paused: bool = False
     preempted: bool = False  # its task is being cancelled to pause it, not to end it
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass(eq=False)
+class _HeldVip:
+    """A VIP job claimed while every slot was busy, waiting out its grace for a slot to turn
+    over (see InferenceWorker._claim_vip_over_victim)."""
+
+    job: Job
+    held_at: float  # loop time it was claimed
+    cancelled: bool = False  # its customer cancelled it meanwhile: it starts at once, and ends
+
+    def waited_s(self, now: float) -> float:
+        """Since it was queued by the web's clock, and at least since it was claimed by ours:
+        a web host's clock ahead of the worker's cannot stretch the grace."""
+        return max(time.time() - self.job.enqueued_at, now - self.held_at)
 
 
 class InferenceWorker:
@@ -137,6 +159,7 @@ class InferenceWorker:
         self.fatal: BaseException | None = None
         self.mean_service_s = config.service_time_prior_s  # smoothed over finished answers
         self._slot_freed = asyncio.Event()
+        self._held_vip: _HeldVip | None = None
         self._stopped = asyncio.Event()
         self._give_up_at: float | None = None  # loop time; set by drain()
 
@@ -185,6 +208,7 @@ class InferenceWorker:
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            await self.queue.recordings_wait()
             with contextlib.suppress(RedisGaveUp):
                 await self._retrying(
                     lambda: workers.heartbeat_remove(
@@ -208,7 +232,16 @@ class InferenceWorker:
         self._stopped.set()
         self._slot_freed.set()
 
+    async def _held_vip_release(self) -> None:
+        """Hand the held VIP job back to its queue (stopping, or turned spare); without Redis it
+        is taken over when its lease runs out, no longer renewed."""
+        if self._held_vip is not None:
+            held, self._held_vip = self._held_vip.job, None
+            with contextlib.suppress(RedisGaveUp):
+                await self._retrying(lambda: self.queue.release(held))
+
     async def _finish_running(self) -> None:
+        await self._held_vip_release()
         tasks = [r.task for r in self.running.values() if r.task is not None]
         if tasks and self.fatal is None:
             await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
@@ -251,12 +284,23 @@ class InferenceWorker:
 
     async def _claim_loop(self) -> None:
         while not self.draining:
-            self._resume_paused()
-            free = self.slots - len(self._active())
+            held = self._held_vip
+            if held is not None and (held.cancelled or len(self._active()) < self.slots):
+                # A slot turned over while a VIP job waited for one: it takes it before a paused
+                # answer resumes, and nothing is paused for it. (A cancelled one only ends.)
+                self._held_vip = None
+                await self._start_jobs([held.job])
+                entry = self.running.get(held.job.request_id)
+                if held.cancelled and entry is not None:
+                    entry.cancel_requested = True  # before its task first runs
+                continue
             if self.spare:
+                await self._held_vip_release()
                 self._slot_freed.clear()
                 await self._wait(self._slot_freed, 1.0)
                 continue
+            self._resume_paused()
+            free = self.slots - len(self._active())
             try:
                 if free > 0:
                     jobs = await self._unless_stopped(self._claim(free))
@@ -264,7 +308,7 @@ class InferenceWorker:
                     self._slot_freed.clear()
                     jobs = await self._unless_stopped(self._claim_vip_over_victim())
                     if not jobs:
-                        await self._wait(self._slot_freed, VIP_PREEMPT_POLL_S if self._may_preempt() else 1.0)
+                        await self._wait(self._slot_freed, self._vip_wait_s())
                         continue
             except REDIS_ERRORS as exc:
                 logger.warning("worker %s: claiming failed (%s); retrying", self.worker_id, exc)
@@ -296,13 +340,35 @@ class InferenceWorker:
             for r in self._active()
         )
 
+    def _vip_wait_s(self) -> float:
+        """How long the claim loop waits for a slot to turn over before it looks again: until the
+        held VIP job's grace runs out, or the time between looks for a waiting one."""
+        if self._held_vip is not None:
+            waited_s = self._held_vip.waited_s(asyncio.get_running_loop().time())
+            left_s = self.config.vip_preempt_after_s - waited_s
+            if left_s > 0:
+                return min(VIP_PREEMPT_POLL_S, left_s)
+            return VIP_PREEMPT_POLL_S  # the grace is over, and no answer can be paused yet
+        return VIP_PREEMPT_POLL_S if self._may_preempt() else 1.0
+
     async def _claim_vip_over_victim(self) -> list[Job]:
-        """Every slot is busy: claim one waiting VIP job, and pause the victim to make room."""
+        """Every slot is busy: claim one waiting VIP job and hold it; once it has waited
+        `vip_preempt_after_s` since it was queued with no slot turning over, pause the victim to
+        make room. (With every slot busy, a slot turns over every service time / slots on
+        average: most VIP jobs get one within the grace, and no answer is paused for them.)"""
         victim = self._preemption_victim()
         if victim is None:
             return []
-        jobs = await self.queue.claim(total=1, per_tier={Tier.VIP: 1, Tier.NORMAL: 0, Tier.BATCH: 0})
-        if jobs and victim.preemptible and not victim.cancel_requested:
+        now = asyncio.get_running_loop().time()
+        if self._held_vip is None:
+            claimed = await self.queue.claim(total=1, per_tier={Tier.VIP: 1, Tier.NORMAL: 0, Tier.BATCH: 0})
+            if not claimed:
+                return []
+            self._held_vip = _HeldVip(claimed[0], held_at=now)
+        if self._held_vip.waited_s(now) < self.config.vip_preempt_after_s:
+            return []
+        jobs, self._held_vip = [self._held_vip.job], None
+        if victim.preemptible and not victim.cancel_requested:
             logger.info(
                 "worker %s: %s paused for VIP %s", self.worker_id, victim.job.request_id, jobs[0].request_id
             )
@@ -348,15 +414,20 @@ class InferenceWorker:
         if not jobs:
             return
         try:
-            cancelled = await self._retrying(
-                lambda: control.cancelled_request_ids(self.queue.client, [j.request_id for j in jobs])
-            )
+            # Retried like the worker's other reads: thousands of jobs claimed at once can wait
+            # out the connection pool, and a job that failed here would wait for its lease.
+            cancelled, previous = await self._retrying(lambda: self._job_states(jobs))
         except RedisGaveUp:
             return  # stopping: they are taken over after their lease
         now = asyncio.get_running_loop().time()
         for job in jobs:
             worker_metrics.variant_series_init(job.generation.variant)
-            entry = _Running(job=job, started_at=now, cancel_requested=job.request_id in cancelled)
+            entry = _Running(
+                job=job,
+                started_at=now,
+                cancel_requested=job.request_id in cancelled,
+                previous_event=previous[job.request_id],
+            )
             self.running[job.request_id] = entry
             entry.task = asyncio.create_task(self._serve(entry), name=f"job-{job.request_id}")
 
@@ -392,9 +463,23 @@ class InferenceWorker:
         self.running.pop(job.request_id, None)
         self._slot_freed.set()
 
+    async def _job_states(self, jobs: list[Job]) -> tuple[set[str], dict[str, str | None]]:
+        """In one round trip: which of the jobs were cancelled, and each one's latest event."""
+        async with self.queue.client.pipeline(transaction=False) as pipe:
+            pipe.mget([keys.cancel(job.request_id) for job in jobs])
+            for job in jobs:
+                pipe.xrevrange(keys.result(job.model, job.request_id), count=1)
+            flags, *latest = await pipe.execute()
+        cancelled = {job.request_id for job, flag in zip(jobs, flags, strict=True) if flag}
+        previous = {
+            job.request_id: entries[0][1]["type"] if entries else None
+            for job, entries in zip(jobs, latest, strict=True)
+        }
+        return cancelled, previous
+
     async def _serve_job(self, entry: _Running) -> None:
         job = entry.job
-        previous = await last_event_type(self.queue.client, model=job.model, request_id=job.request_id)
+        previous = entry.previous_event
         if previous in TERMINAL_EVENTS:
             return  # finished before the previous worker could acknowledge it
         if previous != Queued.type:
@@ -544,6 +629,11 @@ class InferenceWorker:
     # --- background duties ----------------------------------------------------------------------
 
     def cancel(self, request_id: str) -> None:
+        held = self._held_vip
+        if held is not None and held.job.request_id == request_id:
+            held.cancelled = True  # the claim loop starts it at once; it ends unanswered
+            self._slot_freed.set()
+            return
         entry = self.running.get(request_id)
         if entry is None or entry.cancel_requested:
             return
@@ -629,6 +719,8 @@ class InferenceWorker:
             await asyncio.sleep(interval)
             try:
                 jobs = [r.job for r in self.running.values()]
+                if self._held_vip is not None:
+                    jobs.append(self._held_vip.job)
                 if jobs:
                     await self.queue.renew_leases(jobs)
                 if self.draining or self.spare:

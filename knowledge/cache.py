@@ -6,7 +6,7 @@ invalidated by: an entry remembers the knowledge-base version and the articles i
 written from, an article edit drops what that article fed, and questions are matched with the
 help center's own embedder (the vector chat already computes for retrieval, so a lookup costs
 no second embedding). The scheduler writes the hit's record and result stream
-(scheduler.admission.request_answer_cached); it never imports this module, so no worker loads
+(scheduler.admission.request_answer_known); it never imports this module, so no worker loads
 an embedder.
 
 What is looked up, stored and served:
@@ -51,7 +51,7 @@ from knowledge import metrics as cache_metrics
 from knowledge.embedding import EMBEDDING_DIM
 from knowledge.index import knowledge_base_version
 from knowledge.models import Article, CachedAnswer
-from scheduler.admission import CachedAnswer as ServedAnswer
+from scheduler.admission import CACHE, KnownAnswer
 from scheduler.generation import SamplingParams
 from scheduler.models import CacheResult, Generation, Variant
 
@@ -223,19 +223,20 @@ class Lookup:
     """What a lookup found (`answer` None: a miss), the articles it was written from, and how
     long the lookup took."""
 
-    answer: ServedAnswer | None
+    answer: KnownAnswer | None
     lookup_ms: float
     sources: list[dict[str, str]] = field(default_factory=list)
 
 
-def _candidates(shelf: _Shelf, digest: str, vector: np.ndarray) -> list[tuple[int, str]]:
-    """(entry id, how it matched), in the order to try them."""
+def _candidates(shelf: _Shelf, digest: str, vector: np.ndarray | None) -> list[tuple[int, str]]:
+    """(entry id, how it matched), in the order to try them; exact matches only without a
+    `vector`."""
     found: list[tuple[int, str]] = []
     exact = shelf.by_hash.get(digest, [])
     found += [(i, CacheResult.PINNED) for i in exact if i in shelf.pinned]
     found += [(i, CacheResult.EXACT) for i in exact if i not in shelf.pinned]
     matrix = shelf.matrix  # this view's rows stay valid while entries are appended
-    if len(matrix):
+    if vector is not None and len(matrix):
         # einsum's own loop, not BLAS, as in the retrieval index (knowledge/index.py).
         scores = np.einsum("ij,j->i", matrix, vector)
         count = min(SEMANTIC_CANDIDATES, len(scores))
@@ -283,7 +284,7 @@ def _servable(
 
 
 def _find(
-    *, variant: str, context: str, question: str, vector: np.ndarray
+    *, variant: str, context: str, question: str, vector: np.ndarray | None
 ) -> tuple[CachedAnswer, str] | None:
     shelf = _index.shelf(variant, context)
     if shelf is None:
@@ -295,8 +296,9 @@ def _find(
     return _servable(entries, candidates, question)
 
 
-def answer_lookup(*, variant: str, context: str, question: str, vector: np.ndarray) -> Lookup:
-    """The cached answer to a first-turn question, if one may be served (see the module)."""
+def answer_lookup(*, variant: str, context: str, question: str, vector: np.ndarray | None) -> Lookup:
+    """The cached answer to a first-turn question, if one may be served (see the module); by
+    its text alone (an exact match) without the question's `vector`."""
     started = time.perf_counter()
     found = _find(variant=variant, context=context, question=question, vector=vector)
     lookup_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -308,11 +310,16 @@ def answer_lookup(*, variant: str, context: str, question: str, vector: np.ndarr
     entry, kind = found
     sources = [{"slug": a.slug, "title": a.title} for a in entry.sources.filter(status=Article.Status.ACTIVE)]
     if entry.pinned:
-        served = ServedAnswer(entry.pinned_answer, kind, lookup_ms, 0.0, 0)
+        served = KnownAnswer(entry.pinned_answer, CACHE, lookup_ms, 0, cache=kind, saved_engine_ms=0.0)
     else:
         generation = entry.generation
-        served = ServedAnswer(
-            generation.text, kind, lookup_ms, generation.duration_ms or 0.0, generation.completion_tokens or 0
+        served = KnownAnswer(
+            generation.text,
+            CACHE,
+            lookup_ms,
+            generation.completion_tokens or 0,
+            cache=kind,
+            saved_engine_ms=generation.duration_ms or 0.0,
         )
     cache_metrics.lookup_observe(
         variant=variant, result=kind, lookup_ms=lookup_ms, saved_engine_ms=served.saved_engine_ms
@@ -328,15 +335,18 @@ def answer_remember(
     variant: str,
     context: str,
     question: str,
-    vector: np.ndarray,
+    vector: np.ndarray | None,
     kb_version: int,
     source_slugs: Iterable[str],
     request_id: str,
 ) -> CachedAnswer | None:
     """Remember a first-turn question whose answer is being generated; it is served once that
     answer finished well. None when the answer was written from an older knowledge base (an
-    article changed while the prompt was built), or the question is already remembered."""
+    article changed while the prompt was built), or the question is already remembered.
+    Without its `vector`, the question is matched by its text only."""
     digest = question_hash(question)
+    if vector is None:
+        vector = np.zeros(EMBEDDING_DIM, dtype=np.float32)  # scores 0: never a semantic match
     with transaction.atomic():
         if knowledge_base_version() != kb_version:
             return None

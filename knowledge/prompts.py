@@ -1,6 +1,6 @@
 """The system prompt an answer is written under: the assistant's own prompt, plus what the help
-center says about the customer's message. The chat and the quality score build it here, so the
-score measures the prompt customers get."""
+center says about the customer's message, or the reply when it has nothing. The chat and the
+quality score build them here, so the score measures what customers get."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from knowledge.language import text_language
 from knowledge.selectors import EmbedderUnavailable, Source, help_center_excerpts
 
 logger = logging.getLogger(__name__)
@@ -27,12 +28,40 @@ NO_HELP_CENTER_MATCH_PROMPT = (
 )
 
 
+# What the assistant replies, without the model, to a conversation's first question that the
+# help center has nothing on (a variant's `unknown_reply`): a small model told to say it does
+# not know invents a policy more often than not. In the customer's language where it is one of
+# these (knowledge.language), else in English.
+UNKNOWN_REPLIES = {
+    "en": "I couldn't find anything about this in our help center, and I'd rather not guess. Could "
+    "you tell me a little more about what you need, for example about an order, a delivery, a "
+    "return or a payment? I can also put you in touch with a person from our team.",
+    "fr": "Je n'ai rien trouvé à ce sujet dans notre centre d'aide, et je préfère ne pas deviner. "
+    "Pouvez-vous m'en dire un peu plus sur ce dont vous avez besoin, par exemple une commande, une "
+    "livraison, un retour ou un paiement ? Je peux aussi vous mettre en contact avec une personne "
+    "de notre équipe.",
+    "es": "No he encontrado nada sobre esto en nuestro centro de ayuda, y prefiero no adivinar. "
+    "¿Puede contarme un poco más sobre lo que necesita, por ejemplo sobre un pedido, una entrega, "
+    "una devolución o un pago? También puedo ponerle en contacto con una persona de nuestro equipo.",
+    "de": "Dazu habe ich in unserem Hilfe-Center leider nichts gefunden, und ich möchte nicht raten. "
+    "Können Sie mir etwas mehr darüber sagen, was Sie brauchen, zum Beispiel zu einer Bestellung, "
+    "einer Lieferung, einer Rücksendung oder einer Zahlung? Ich kann Sie auch mit einer Person aus "
+    "unserem Team verbinden.",
+}
+
+
+def unknown_reply(question: str) -> str:
+    return UNKNOWN_REPLIES.get(text_language(question) or "en", UNKNOWN_REPLIES["en"])
+
+
 @dataclass(frozen=True, slots=True)
 class SystemPrompt:
     text: str
     excerpt_chars: int  # characters of help-center excerpts in `text`
     sources: tuple[Source, ...]  # the articles quoted, best first
     kb_version: int | None = None  # the knowledge base searched; None: not searched
+    # The help center has articles and none is relevant enough to the question.
+    found_nothing: bool = False
 
 
 def system_prompt_build(
@@ -53,7 +82,9 @@ def system_prompt_build(
         logger.warning("Answering without the help center: its embedding model is not prepared")
         return SystemPrompt(assistant_prompt, 0, ())
     if not found.excerpts:
-        return SystemPrompt(f"{assistant_prompt}\n\n{NO_HELP_CENTER_MATCH_PROMPT}", 0, (), found.version)
+        return SystemPrompt(
+            f"{assistant_prompt}\n\n{NO_HELP_CENTER_MATCH_PROMPT}", 0, (), found.version, found.searched
+        )
     excerpts = "\n\n".join(
         f"## {excerpt.source.title}{f' / {excerpt.heading}' if excerpt.heading else ''}\n{excerpt.text}"
         for excerpt in found.excerpts

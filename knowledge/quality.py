@@ -1,12 +1,18 @@
 """The quality score of a variant: a fixed set of customer questions (`quality_questions.json`),
 asked with the prompt the chat builds and the variant's settings, and graded on what a customer
 would notice: the facts of the help center, the article quoted, "I don't know" where the help
-center has no answer, and an answer in the customer's language.
+center has no answer, an answer in the customer's language, and one that reads as an answer
+(it says something, and no sentence of it twice).
 
 Two steps, so that the database is read outside the event loop that waits for answers:
 `quality_prompts` (sync: retrieval, as a chat post does it), then `answers_collect` (async: asks
-an `Answerer`, the engine in this process or a variant's workers through the queue, and grades
-each answer with `question_grade`, summed up by `quality_score`).
+an `Answerer`, a variant's workers through the queue or an engine in the benchmark's process,
+and grades each answer with `question_grade`, summed up by `quality_score`). A question the help
+center has nothing on gets the chat's reply without the model, as in the chat, when the
+variant has that reply on.
+
+A score never goes through the result cache: it measures the variant's model and prompt
+(`python -m bench quality` measures what the cache does to the answers).
 """
 
 from __future__ import annotations
@@ -22,11 +28,18 @@ from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
 
-from inference.engines.base import Engine, GenerationRequest
-from knowledge.prompts import system_prompt_build
+from knowledge.language import text_language
+from knowledge.prompts import system_prompt_build, unknown_reply
 from scheduler import control
 from scheduler.admission import AdmissionRefused, request_submit
-from scheduler.generation import AnswerFold, Error, GenerationJob, Origin, SamplingParams, Tier
+from scheduler.generation import (
+    AnswerFold,
+    Error,
+    GenerationJob,
+    Origin,
+    SamplingParams,
+    Tier,
+)
 from scheduler.models import Variant
 from scheduler.policy import tier_policy
 from scheduler.results import result_follower
@@ -50,6 +63,8 @@ class VariantSettings:
     max_tokens: int
     use_help_center: bool = True
     model: str = ""  # whose workers answer through the queue; "" for an engine in this process
+    frequency_penalty: float = 0.0
+    unknown_reply: bool = True  # the help center's reply when it has nothing on a question
 
     @classmethod
     def of(cls, variant: Variant) -> VariantSettings:
@@ -61,11 +76,18 @@ class VariantSettings:
             max_tokens=variant.max_tokens,
             use_help_center=variant.knowledge,
             model=variant.model,
+            frequency_penalty=variant.frequency_penalty,
+            unknown_reply=variant.unknown_reply,
         )
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            frequency_penalty=self.frequency_penalty,
+        )
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,43 +124,31 @@ def quality_questions(path: Path = QUESTIONS_PATH) -> list[QualityQuestion]:
 
 # --- grading ------------------------------------------------------------------------------------
 
-# The most frequent short words of each language the questions use: enough to tell a few
-# sentences of English, French, Spanish and German apart.
-_COMMON_WORDS = {
-    "en": "the and you your is are to of for in it can we our will be with have this that not do "
-    "please if or on an as by at from my i",
-    "fr": "le la les des et vous votre vos est pour un une nous dans pas que qui sur avec ne au aux "
-    "du ce sont pouvez être je il elle mais ou si",
-    "es": "el los las y que en una es su para por con no se puede usted sus del al lo tiene está "
-    "pero como si o",
-    "de": "der die das und sie ist zu den ein eine nicht mit für von ihr ihre auf wir es können dem "
-    "des bitte auch bei ich wenn oder sind",
-}
-_STOPWORDS = {language: frozenset(words.split()) for language, words in _COMMON_WORDS.items()}
-_WORD = re.compile(r"\w+", re.UNICODE)
-
-
-def answer_language(text: str) -> str | None:
-    """The language whose common words the text uses most, or None for none at all."""
-    words = [word.lower() for word in _WORD.findall(text)]
-    counts = {language: sum(word in common for word in words) for language, common in _STOPWORDS.items()}
-    best = max(counts, key=lambda language: counts[language])
-    return best if counts[best] else None
-
-
 _DONT_KNOW = re.compile(
     r"(don'?t|do not|doesn'?t|does not) (know|have (any )?(information|details))|not sure|"
     r"no information|unable to|can'?t help|cannot help|could(n'?t| not) find|"
     r"(person|someone|member) (from|of|on) our team|sorry|"
-    r"je ne sais pas|pas d'information|désolée?|"
-    r"no sé|no tengo información|lo siento|"
-    r"weiß (ich )?nicht|keine informationen|tut mir leid|leider",
+    r"je ne sais pas|pas d'information|rien trouvé|désolée?|"
+    r"no sé|no tengo información|no (he )?encontrado|lo siento|"
+    r"weiß (ich )?nicht|keine informationen|nichts gefunden|tut mir leid|leider",
     re.IGNORECASE,
 )
 
 
 def says_dont_know(text: str) -> bool:
     return bool(_DONT_KNOW.search(text))
+
+
+_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
+
+
+def repeats_itself(text: str) -> bool:
+    """Whether a sentence of four words or more comes back word for word (case and spacing
+    aside): what a small model decoding greedily does until its token limit, and what a
+    customer reads as a broken answer."""
+    sentences = [" ".join(part.lower().split()) for part in _SENTENCE_BREAK.split(text)]
+    sentences = [sentence for sentence in sentences if len(sentence.split()) >= 4]
+    return len(sentences) != len(set(sentences))
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +161,7 @@ class QuestionResult:
     source_right: bool | None  # None: unanswerable
     dont_know_right: bool | None  # None: answerable
     language_right: bool
+    readable: bool = True  # says something, and no sentence of it twice
 
 
 def question_grade(question: QualityQuestion, *, answer: str, sources: Sequence[str]) -> QuestionResult:
@@ -165,7 +176,8 @@ def question_grade(question: QualityQuestion, *, answer: str, sources: Sequence[
         facts_total=len(question.facts),
         source_right=None if question.unanswerable else question.source in sources,
         dont_know_right=says_dont_know(answer) if question.unanswerable else None,
-        language_right=answer_language(answer) == question.language,
+        language_right=text_language(answer) == question.language,
+        readable=bool(answer.strip()) and not repeats_itself(answer),
     )
 
 
@@ -181,6 +193,7 @@ class QualityScore:
     sources: float  # answerable questions whose article was quoted
     dont_know: float  # unanswerable questions answered with "I don't know"
     language: float  # answers in the question's language
+    readable: float  # answers that say something and repeat no sentence
     overall: float
     questions: int
     failed: int  # questions that got no answer (an error); graded as empty answers
@@ -193,6 +206,7 @@ class QualityScore:
             "sources": self.sources,
             "dont_know": self.dont_know,
             "language": self.language,
+            "readable": self.readable,
             "overall": self.overall,
             "questions": self.questions,
             "failed": self.failed,
@@ -205,12 +219,14 @@ def quality_score(results: Sequence[QuestionResult], *, failed: int = 0) -> Qual
     sources = _rate([bool(r.source_right) for r in answerable])
     dont_know = _rate([bool(r.dont_know_right) for r in results if r.dont_know_right is not None])
     language = _rate([r.language_right for r in results])
+    readable = _rate([r.readable for r in results])
     return QualityScore(
         facts=facts,
         sources=sources,
         dont_know=dont_know,
         language=language,
-        overall=round((facts + sources + dont_know + language) / 4, 4),
+        readable=readable,
+        overall=round((facts + sources + dont_know + language + readable) / 5, 4),
         questions=len(results),
         failed=failed,
         results=tuple(results),
@@ -225,6 +241,8 @@ class QualityPrompt:
     question: QualityQuestion
     messages: list[dict[str, str]]
     sources: tuple[str, ...]
+    # What the chat replies without asking the model (the help center has nothing on it).
+    reply: str | None = None
 
 
 def quality_prompts(
@@ -243,7 +261,11 @@ def quality_prompts(
             {"role": "system", "content": system_prompt.text},
             {"role": "user", "content": question.question},
         ]
-        prompts.append(QualityPrompt(question, messages, tuple(s.slug for s in system_prompt.sources)))
+        sources = tuple(s.slug for s in system_prompt.sources)
+        reply = None
+        if variant.unknown_reply and system_prompt.found_nothing:
+            reply = unknown_reply(question.question)
+        prompts.append(QualityPrompt(question, messages, sources, reply))
     return prompts
 
 
@@ -253,20 +275,6 @@ class AnswerFailed(RuntimeError):
 
 class Answerer(Protocol):
     async def __call__(self, messages: list[dict[str, str]], sampling: SamplingParams) -> str: ...
-
-
-def engine_answerer(engine: Engine) -> Answerer:
-    """Answers from an engine in this process (started by the caller)."""
-
-    async def answer(messages: list[dict[str, str]], sampling: SamplingParams) -> str:
-        request = GenerationRequest(
-            request_id=f"quality-{uuid.uuid4()}",
-            messages=messages,
-            sampling=sampling,
-        )
-        return "".join([delta.text async for delta in engine.generate(request)])
-
-    return answer
 
 
 def queue_answerer(*, variant: str, model: str) -> Answerer:
@@ -331,7 +339,7 @@ async def answers_collect(
         nonlocal done, failed
         async with slots:
             try:
-                answer = await answerer(prompt.messages, variant.sampling)
+                answer = prompt.reply or await answerer(prompt.messages, variant.sampling)
             except (AnswerFailed, TimeoutError):
                 answer = ""
                 failed += 1

@@ -55,6 +55,7 @@ class HelpCenterExcerpts:
 
     excerpts: tuple[Excerpt, ...]
     version: int  # the knowledge base searched
+    searched: bool = True  # False: the help center has no articles, so nothing was searched
 
     @property
     def sources(self) -> tuple[Source, ...]:
@@ -80,12 +81,15 @@ def help_center_excerpts(
     KNOWLEDGE_MIN_SCORE), at most KNOWLEDGE_MAX_EXCERPTS of them and `max_chars` (default
     KNOWLEDGE_PROMPT_MAX_CHARS) of text in all. `vector`: the question's, if already embedded.
 
-    Raises EmbedderUnavailable when the embedding model is not prepared.
+    Raises EmbedderUnavailable when the embedding model is not prepared and there are
+    articles to search.
     """
     max_chars = settings.KNOWLEDGE_PROMPT_MAX_CHARS if max_chars is None else max_chars
     min_score = settings.KNOWLEDGE_MIN_SCORE if min_score is None else min_score
-    query = question_vector(question) if vector is None else vector
     index = current_index.get()
+    if not index.chunks:  # nothing to find: the question's embedding would cost a post ~5 ms
+        return HelpCenterExcerpts(excerpts=(), version=index.version, searched=False)
+    query = question_vector(question) if vector is None else vector
     excerpts: list[Excerpt] = []
     room = max_chars
     for hit in index.search(query, limit=settings.KNOWLEDGE_MAX_EXCERPTS, min_score=min_score):

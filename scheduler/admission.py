@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import redis
 import redis.asyncio as aioredis
 from django.conf import settings
-from django.utils import timezone
 
 from scheduler import key_limits, keys, metrics, timeseries
 from scheduler.generation import Done, GenerationJob, Start, Tier, Timings, Token, Usage, event_encode
@@ -21,9 +20,9 @@ from scheduler.key_limits import KeyLimits, KeyLimitState
 from scheduler.models import Generation
 from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
-from scheduler.rate_limits import Bucket, address_scope, rate_limit_refund, rate_limit_take
+from scheduler.rate_limits import Bucket, RateCharge, RateDecision, address_scope, rate_limit_take
 from scheduler.redis import sync_redis
-from scheduler.services import generation_create, generation_discard
+from scheduler.services import GenerationOutcome, generation_create, generation_discard, generation_finish
 
 # A client over its concurrency limit may retry when one of its answers is done; answers take
 # seconds, so this is when trying again is likely to work.
@@ -141,32 +140,50 @@ def request_admit(
     return admission
 
 
-def _rate_limit(
-    job: GenerationJob, policy: Policy, buckets: list[Bucket], own: list[Bucket]
-) -> KeyLimitState | None:
-    """Take the request's tokens and count it in progress, or raise AdmissionRefused (429).
-    `own` are the API key's own buckets among `buckets`; returns their state (None: none)."""
-    decision = rate_limit_take(
-        buckets,
+def _charge(
+    job: GenerationJob,
+    policy: Policy,
+    limits: KeyLimits,
+    *,
+    client_address: str | None,
+    tokens: int,
+    reserve: bool,
+) -> RateCharge:
+    """What admitting the request takes: the API key's own buckets (`tokens` from its tokens
+    bucket, noted as a reservation to settle when `reserve`), then the client's, address's,
+    tier's and global ones, and a place among the client's unfinished requests."""
+    own = key_limits.key_buckets(job.client_id, limits, tokens=tokens)
+    reservation = None
+    if reserve and limits.tokens_per_minute is not None:
+        reservation = (keys.key_token_reservations(job.client_id), float(tokens))
+    return RateCharge(
+        buckets=(*own, *_buckets(policy, job.client_id, client_address)),
         inflight_key=keys.inflight(job.client_id),
         max_inflight=policy.max_concurrent_per_user,
         request_id=job.request_id,
         lapse_s=_lapse_s(policy),
+        reservation=reservation,
     )
-    key_state = None
-    if own and decision.levels:
-        levels = {bucket.key: level for bucket, level in zip(buckets, decision.levels, strict=True)}
-        key_state = key_limits.key_limit_state(own, levels)
-    if not decision.allowed:
-        concurrency = decision.limited_by == "concurrency"
-        raise AdmissionRefused(
-            status=429,
-            reason="too_many_in_progress" if concurrency else f"rate_limited_{decision.limited_by}",
-            retry_after_s=CONCURRENCY_RETRY_AFTER_S if concurrency else decision.retry_after_s,
-            message=_MESSAGES[decision.limited_by or "global"],
-            key_state=key_state,
-        )
-    return key_state
+
+
+def _key_state(charge: RateCharge, decision: RateDecision) -> KeyLimitState | None:
+    """The API key's own limits at the levels the decision read (None: the key has none)."""
+    own = [bucket for bucket in charge.buckets if bucket.name in key_limits.KEY_BUCKETS]
+    if not own or not decision.levels:
+        return None
+    levels = {bucket.key: level for bucket, level in zip(charge.buckets, decision.levels, strict=True)}
+    return key_limits.key_limit_state(own, levels)
+
+
+def _rate_limited(decision: RateDecision, key_state: KeyLimitState | None) -> AdmissionRefused:
+    concurrency = decision.limited_by == "concurrency"
+    return AdmissionRefused(
+        status=429,
+        reason="too_many_in_progress" if concurrency else f"rate_limited_{decision.limited_by}",
+        retry_after_s=CONCURRENCY_RETRY_AFTER_S if concurrency else decision.retry_after_s,
+        message=_MESSAGES[decision.limited_by or "global"],
+        key_state=key_state,
+    )
 
 
 def _lapse_s(policy: Policy) -> float:
@@ -183,30 +200,23 @@ def _unavailable(exc: Exception) -> AdmissionRefused:
 
 
 def _admit(*, job: GenerationJob, client_address: str | None, limits: KeyLimits, tokens: int) -> Admission:
-    request_id, client_id = job.request_id, job.client_id
-    key_state: KeyLimitState | None = None
     try:
         policy = tier_policy(job.tier)
-        own = key_limits.key_buckets(client_id, limits, tokens=tokens)
-        buckets = [*own, *_buckets(policy, client_id, client_address)]
-        inflight_key = keys.inflight(client_id)
-        key_state = _rate_limit(job, policy, buckets, own)
-        if limits.tokens_per_minute is not None:
-            key_limits.key_tokens_reserve(
-                client_id=client_id, request_id=request_id, tokens=tokens, lapse_s=_lapse_s(policy)
-            )
+        charge = _charge(job, policy, limits, client_address=client_address, tokens=tokens, reserve=True)
+        # One script call: the rate limit, the queue's bound and predicted wait, then (all
+        # passed) the charge and the job on its queue.
         queued = job_enqueue(
             tier=job.tier if settings.SCHEDULER_PRIORITY else Tier.NORMAL,
             job=job,
             max_queued=policy.max_queued,
             wait_slo_s=policy.wait_slo_s,
             max_wait_s=policy.max_wait_s,
+            charge=charge,
         )
-        if not queued.admitted:
-            rate_limit_refund(buckets, inflight_key=inflight_key, request_id=request_id)
-            key_limits.key_tokens_release(client_id=client_id, request_id=request_id)
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise _unavailable(exc) from exc
+    if queued.rate is not None and not queued.rate.allowed:
+        raise _rate_limited(queued.rate, _key_state(charge, queued.rate))
     if not queued.admitted:
         raise AdmissionRefused(
             status=503,
@@ -215,87 +225,93 @@ def _admit(*, job: GenerationJob, client_address: str | None, limits: KeyLimits,
             message="We are very busy right now. Please try again shortly.",
         )
     return Admission(
-        request_id=request_id,
+        request_id=job.request_id,
         variant=job.variant,
         model=job.model,
         tier=job.tier,
         position=queued.position,
         predicted_wait_s=queued.predicted_wait_s,
-        key_state=key_state,
+        key_state=_key_state(charge, queued.rate) if queued.rate is not None else None,
     )
 
 
 @dataclass(frozen=True, slots=True)
-class CachedAnswer:
-    """An answer the result cache found for a request (knowledge.cache decides what may be)."""
+class KnownAnswer:
+    """An answer known before any model runs: one the result cache found for the request
+    (knowledge.cache decides what may be served), or the help center's reply to a question it
+    has nothing on (knowledge.prompts)."""
 
     text: str
-    result: str  # scheduler.models.CacheResult: exact, semantic or pinned
-    lookup_ms: float
-    saved_engine_ms: float  # what generating it took the engine
+    engine: str  # what answered, as records and timings name it: "cache" or "help-center"
+    lookup_ms: float  # how long finding it took
     completion_tokens: int
+    cache: str = ""  # from the result cache: how it matched (scheduler.models.CacheResult)
+    saved_engine_ms: float | None = None  # from the result cache: what generating it took
 
 
-def request_answer_cached(
+CACHE = "cache"
+HELP_CENTER = "help-center"
+
+
+def request_answer_known(
     *,
     job: GenerationJob,
-    answer: CachedAnswer,
+    answer: KnownAnswer,
     client_address: str | None = None,
     limits: KeyLimits | None = None,
     tokens: int = 0,
 ) -> Admission:
-    """Answer a request from the result cache: no queue, no worker, no GPU slot. The request
-    still passes its rate limits (a hit is cheap, a flood of them is not free), gets its
-    record, finished at once, and a result stream in the same contract as a generated answer,
-    whose `done` says `cached`. `limits` are an API key's own; `tokens` is what the answer
-    used (prompt and completion), which its key's tokens bucket is charged outright (nothing
-    is reserved, so nothing is settled later). Raises AdmissionRefused as request_submit does."""
+    """Answer a request with an answer known already: no queue, no worker, no GPU slot. The
+    request still passes its rate limits (an answer like that is cheap, a flood of them is not
+    free), gets its record, finished at once, and a result stream in the same contract as a
+    generated answer, whose `done` says `cached` when it came from the result cache. `limits`
+    are an API key's own; `tokens` is what the answer used (prompt and completion), which its
+    key's tokens bucket is charged outright (nothing is reserved, so nothing is settled later).
+    Raises AdmissionRefused as request_submit does."""
     generation_create(job=job)
-    return request_admit_cached(
+    return request_admit_known(
         job=job, answer=answer, client_address=client_address, limits=limits, tokens=tokens
     )
 
 
-def request_admit_cached(
+def request_admit_known(
     *,
     job: GenerationJob,
-    answer: CachedAnswer,
+    answer: KnownAnswer,
     client_address: str | None = None,
     limits: KeyLimits | None = None,
     tokens: int = 0,
 ) -> Admission:
-    """request_answer_cached for a request whose record the caller has already written (in
+    """request_answer_known for a request whose record the caller has already written (in
     its own transaction, with what it stores beside it); a refusal discards the record."""
     try:
         policy = tier_policy(job.tier)
-        own = key_limits.key_buckets(job.client_id, limits or KeyLimits(), tokens=tokens)
-        key_state = _rate_limit(job, policy, [*own, *_buckets(policy, job.client_id, client_address)], own)
+        charge = _charge(
+            job, policy, limits or KeyLimits(), client_address=client_address, tokens=tokens, reserve=False
+        )
+        decision = rate_limit_take(charge)
+        key_state = _key_state(charge, decision)
+        if not decision.allowed:
+            raise _rate_limited(decision, key_state)
         usage = Usage(completion_tokens=answer.completion_tokens)
+        lookup_ms = answer.lookup_ms
+        timings = Timings(queue_ms=0.0, ttft_ms=lookup_ms, duration_ms=lookup_ms, engine=answer.engine)
         events = [
-            Start(worker="cache", variant=job.variant, attempt=1),
+            Start(worker=answer.engine, variant=job.variant, attempt=1),
             Token(seq=0, text=answer.text),
-            Done(
+            Done(finish_reason="stop", usage=usage, timings=timings, cached=answer.engine == CACHE),
+        ]
+        generation_finish(
+            request_id=job.request_id,
+            outcome=GenerationOutcome(
+                status=Generation.Status.DONE,
+                text=answer.text,
                 finish_reason="stop",
                 usage=usage,
-                timings=Timings(
-                    queue_ms=0.0, ttft_ms=answer.lookup_ms, duration_ms=answer.lookup_ms, engine="cache"
-                ),
-                cached=True,
+                timings=timings,
+                cache=answer.cache,
+                saved_engine_ms=answer.saved_engine_ms,
             ),
-        ]
-        Generation.objects.filter(request_id=job.request_id).update(
-            status=Generation.Status.DONE,
-            text=answer.text,
-            finish_reason="stop",
-            completion_tokens=answer.completion_tokens,
-            queue_ms=0.0,
-            ttft_ms=answer.lookup_ms,
-            duration_ms=answer.lookup_ms,
-            engine="cache",
-            cache=answer.result,
-            cache_lookup_ms=answer.lookup_ms,
-            saved_engine_ms=answer.saved_engine_ms,
-            finished_at=timezone.now(),
         )
         stream = keys.result(job.model, job.request_id)
         pipe = sync_redis().pipeline(transaction=True)
@@ -310,7 +326,7 @@ def request_admit_cached(
         metrics.admission_record(tier=job.tier, status=refusal.status, reason=refusal.reason)
         raise
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        Generation.objects.filter(request_id=job.request_id).delete()
+        generation_discard(request_id=job.request_id, answered_by=answer.engine)
         raise _unavailable(exc) from exc
     metrics.admission_record(tier=job.tier)
     return Admission(

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from django.conf import settings
 
 from scheduler import keys
+from scheduler.generation import Tier
 from scheduler.policy import tier_policy
 from scheduler.queues import arrival_rates
 from scheduler.workers import WorkerInfo
@@ -27,7 +28,7 @@ _ROUNDING_SLACK = 1e-6
 
 @dataclass(frozen=True, slots=True)
 class TierDemand:
-    tier: str
+    tier: Tier
     arrivals_per_s: float  # admitted
     queued: int
     wait_slo_s: float
@@ -50,7 +51,7 @@ class WorkerShape:
 def workers_needed(*, demands: list[TierDemand], shape: WorkerShape, target_utilization: float) -> int:
     """Workers that serve `demands` while busy at most `target_utilization` of the time."""
     every_tier = sum(demand.jobs_per_s for demand in demands)
-    below_vip = sum(demand.jobs_per_s for demand in demands if demand.tier != "vip")
+    below_vip = sum(demand.jobs_per_s for demand in demands if demand.tier != Tier.VIP)
     workers = every_tier * shape.mean_service_s / shape.slots
     shared_slots = shape.slots - shape.vip_reserved_slots
     if below_vip > 0:

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError
 
+from scheduler.generation import Tier
 from scheduler.rules import Problem, lease_renewal_s, tier_policy_problems
 
 
@@ -75,7 +76,18 @@ def job_lease_check(**kwargs: Any) -> list[CheckMessage]:
 
 @register()
 def tier_policy_settings_check(**kwargs: Any) -> list[CheckMessage]:
-    """The policies the first migration writes, as the environment gives them."""
+    """The policies the first migration writes, as the environment gives them: one per tier."""
+    named, tiers = set(settings.RATE_LIMIT_POLICIES), {str(tier) for tier in Tier}
+    if named != tiers:
+        return [
+            Error(
+                f"RATE_LIMIT_POLICIES names the tiers {sorted(named)}; the scheduler's tiers are "
+                f"{sorted(tiers)}: a tier without a policy cannot be admitted, and a policy "
+                "without a tier is never used.",
+                hint="Give RATE_LIMIT_POLICIES one entry for each of the tiers of scheduler.generation.Tier.",
+                id="scheduler.E005",
+            )
+        ]
     return [
         _message(problem, f"RATE_LIMIT_POLICIES[{tier!r}]")
         for tier, values in settings.RATE_LIMIT_POLICIES.items()

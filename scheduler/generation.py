@@ -319,9 +319,14 @@ def event_data(body: EventBody) -> dict[str, Any]:
     return asdict(body)
 
 
+# Compact, because the SSE relay passes a token's stored data on as it is; and made once,
+# because json.dumps builds a new encoder for every call that sets separators.
+_compact_json = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def event_encode(body: EventBody) -> tuple[str, str]:
     """(type, data) as a result stream entry holds them."""
-    return body.type, json.dumps(event_data(body))
+    return body.type, _compact_json(event_data(body))
 
 
 def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
@@ -361,9 +366,14 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
 
 class AnswerFold:
     """An answer as its events tell it: the tokens written since the last reset, and how it
-    ended. `unsent()` serves readers that pass the text on as it comes (a streamed reply)."""
+    ended. `unsent()` serves readers that pass the text on as it comes (a streamed reply).
 
-    __slots__ = ("_parts", "_sent", "end", "restarted_after_sending")
+    Tokens are numbered (`seq`) from 0 after each reset: a token whose number the answer
+    already has is a repeat and is dropped, and one past the next number leaves a gap. Both
+    are counted (`repeated`, `skipped`), so that tests and benchmarks that break streams on
+    purpose can tell that a resumed stream lost nothing and repeated nothing."""
+
+    __slots__ = ("_parts", "_sent", "end", "repeated", "resets", "restarted_after_sending", "skipped")
 
     def __init__(self) -> None:
         self._parts: list[Token] = []
@@ -371,15 +381,24 @@ class AnswerFold:
         self.end: Done | Error | None = None
         # A reset came after some text was passed on, which cannot be taken back.
         self.restarted_after_sending = False
+        self.repeated = 0
+        self.skipped = 0
+        self.resets = 0
 
     def add(self, body: EventBody) -> None:
         if isinstance(body, Token):
+            expected = len(self._parts)
+            if body.seq < expected:
+                self.repeated += 1
+                return
+            self.skipped += body.seq - expected
             self._parts.append(body)
         elif isinstance(body, Reset):
             if self._sent:
                 self.restarted_after_sending = True
             self._parts.clear()
             self._sent = 0
+            self.resets += 1
         elif isinstance(body, Done | Error):
             self.end = body
 

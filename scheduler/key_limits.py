@@ -21,6 +21,7 @@ from scheduler.redis import async_script, sync_redis
 
 REQUESTS_BUCKET = "key_requests"
 TOKENS_BUCKET = "key_tokens"
+KEY_BUCKETS = (REQUESTS_BUCKET, TOKENS_BUCKET)
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,20 +93,6 @@ def key_limit_peek(client_id: str, limits: KeyLimits) -> KeyLimitState:
         elapsed = now - float(ts) if ts is not None else 0.0
         levels[bucket.key] = min(bucket.capacity, level + max(0.0, elapsed) * bucket.refill_per_s)
     return key_limit_state(buckets, levels)
-
-
-def key_tokens_reserve(*, client_id: str, request_id: str, tokens: int, lapse_s: float) -> None:
-    """Note what an admitted request took from its key's tokens bucket, for the settlement."""
-    reservations = keys.key_token_reservations(client_id)
-    with sync_redis().pipeline(transaction=False) as pipe:
-        pipe.hset(reservations, request_id, tokens)
-        pipe.expire(reservations, math.ceil(lapse_s) + 60)
-        pipe.execute()
-
-
-def key_tokens_release(*, client_id: str, request_id: str) -> None:
-    """Forget the reservation of a request refused after its buckets were charged (and refunded)."""
-    sync_redis().hdel(keys.key_token_reservations(client_id), request_id)
 
 
 _FINISH = """

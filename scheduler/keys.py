@@ -1,7 +1,9 @@
 """Every Redis key and channel name the project uses, in one place.
 
 Keys of one model's queues share the hash tag `{model}` so they live in one Redis Cluster
-slot; rate-limit buckets share `{rl}` so one Lua script may touch several of them.
+slot; rate-limit buckets share `{rl}` so one Lua script may touch several of them. Admission's
+enqueue script touches both tags (the rate limit and the queue in one round trip), so on Redis
+Cluster a model's queue keys and `{rl}` would have to share a slot.
 """
 
 from scheduler.generation import Tier

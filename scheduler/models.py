@@ -63,8 +63,9 @@ class TierPolicy(models.Model):
 
 
 class Variant(models.Model):
-    """One way of answering, as data: the model, the system prompt, the sampling defaults, and
-    whether the help center feeds the prompt. Staff edit variants in the console (audited).
+    """One way of answering, as data: the model, the system prompt, the sampling defaults,
+    whether the help center feeds the prompt, and what to say when it has nothing. Staff edit
+    variants in the console (audited).
 
     Variants on the same `model` share its workers: the web builds the prompt and sampling from
     the variant and the queued job carries them, so one worker and one model answer a stable
@@ -82,7 +83,19 @@ class Variant(models.Model):
     temperature = models.FloatField(validators=[MinValueValidator(0.0), MaxValueValidator(2.0)])
     top_p = models.FloatField(validators=[MinValueValidator(0.01), MaxValueValidator(1.0)])
     max_tokens = models.PositiveIntegerField(validators=[MinValueValidator(1), MaxValueValidator(4096)])
+    # OpenAI's and vLLM's: each time a token was written in the answer, it is this much less
+    # likely again. A small model decoding greedily otherwise repeats its first sentence until
+    # the token limit; unlike vLLM's repetition penalty it spares the prompt, whose facts the
+    # answer should repeat.
+    frequency_penalty = models.FloatField(
+        default=0.0, validators=[MinValueValidator(-2.0), MaxValueValidator(2.0)]
+    )
     knowledge = models.BooleanField(default=True, help_text="Answer from the help center's excerpts.")
+    unknown_reply = models.BooleanField(
+        default=True,
+        help_text="When the help center has nothing on a conversation's first question, reply that "
+        "we do not know (in the customer's language) instead of asking the model.",
+    )
     description = models.CharField(max_length=200, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -94,7 +107,12 @@ class Variant(models.Model):
 
     def sampling(self) -> SamplingParams:
         """The chat's sampling for this variant (API callers choose their own)."""
-        return SamplingParams(max_tokens=self.max_tokens, temperature=self.temperature, top_p=self.top_p)
+        return SamplingParams(
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            frequency_penalty=self.frequency_penalty,
+        )
 
 
 class CanaryRouting(models.Model):

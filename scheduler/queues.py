@@ -1,14 +1,17 @@
 """Durable job queues: one Redis stream per (model, tier), read through a consumer group.
 
-Enqueue is one Lua script that checks the queue bound and the predicted wait (Little's law:
-jobs ahead / drain rate) and, when admitted, adds the job and its `queued` result
-event atomically, and counts it in the tier's arrival rate (the autoscaling signal reads it).
+Enqueue is one Lua script that checks the request's rate limit (scheduler.rate_limits), the
+queue bound and the predicted wait (Little's law: jobs ahead / drain rate) and, when all pass,
+charges the rate limit, adds the job and its `queued` result event atomically, and counts it in
+the tier's arrival rate (the autoscaling signal reads it): admission is one round trip.
 Workers claim in priority order, renew leases on what they run, and take over jobs whose lease
 expired (a dead worker's) until a job has used its attempts.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -20,7 +23,10 @@ from django.conf import settings
 from scheduler import keys
 from scheduler.control import request_cancel
 from scheduler.generation import GenerationJob, Tier
-from scheduler.redis import NotReplicated, async_script, execute_replicated, sync_redis, sync_script
+from scheduler.rate_limits import RATE_LIMIT_LUA, RateCharge, RateDecision
+from scheduler.redis import NotReplicated, async_script, script_replicated, sync_redis, sync_script
+
+logger = logging.getLogger(__name__)
 
 MIN_DRAIN_RATE = 0.2  # jobs/s assumed while no live worker reports its capacity
 # Admitted jobs are counted per tier in buckets this wide; a rate is read over whole buckets.
@@ -49,27 +55,38 @@ local function drain_rate(capacity_key, tier, t, stale_s, floor)
   end
   return math.max(total, floor)
 end
--- Jobs ahead of a new one: its own tier's queue plus every higher tier's (KEYS from index 5 on).
-local function ahead(own_enqueued, own_claimed, first_higher)
+-- Jobs ahead of a new one: its own tier's queue plus every higher tier's (KEYS from
+-- first_higher to last_higher).
+local function ahead(own_enqueued, own_claimed, first_higher, last_higher)
   local n = queued(own_enqueued, own_claimed)
-  for i = first_higher, #KEYS, 2 do n = n + queued(KEYS[i], KEYS[i + 1]) end
+  for i = first_higher, last_higher, 2 do n = n + queued(KEYS[i], KEYS[i + 1]) end
   return n
 end
 """
 
 _ENQUEUE = (
     _LUA_COMMON
+    + RATE_LIMIT_LUA
     + """
--- KEYS: queue, enqueued, claimed, capacity, result, arrivals, then (enqueued, claimed) of
---       higher tiers
+-- KEYS: queue, enqueued, claimed, capacity, result, arrivals, then (enqueued, claimed) of each
+--       higher tier, then the rate limit's keys when the request is charged here
 -- ARGV: max_queued, wait_slo_s, stale_s, min_rate, result_ttl_s, tier, request_id, job,
---       max_wait_s, arrivals_ttl_s
+--       max_wait_s, arrivals_ttl_s, number of higher tiers, then the rate limit's arguments
+-- Returns {admitted, queued, wait, entry id or refusal, the rate limit's reply ({}: not
+-- charged)}. Every check comes before any write, so a refusal charges nothing.
 local t = now()
+local charged = 7 + 2 * tonumber(ARGV[11])
+local decision, levels = {}, {}
+if #KEYS >= charged then
+  decision, levels = rate_limit_check(t, charged, 12)
+  if decision[1] ~= 1 then return {0, 0, '0', 'rate_limited', rate_limit_reply(decision, levels)} end
+end
 local own = queued(KEYS[2], KEYS[3])
-local wait = ahead(KEYS[2], KEYS[3], 7)
+local wait = ahead(KEYS[2], KEYS[3], 7, charged - 1)
   / drain_rate(KEYS[4], ARGV[6], t, tonumber(ARGV[3]), tonumber(ARGV[4]))
-if own >= tonumber(ARGV[1]) then return {0, own, tostring(wait), 'queue_full'} end
-if wait > tonumber(ARGV[2]) then return {0, own, tostring(wait), 'wait_over_slo'} end
+if own >= tonumber(ARGV[1]) then return {0, own, tostring(wait), 'queue_full', {}} end
+if wait > tonumber(ARGV[2]) then return {0, own, tostring(wait), 'wait_over_slo', {}} end
+if #KEYS >= charged then rate_limit_charge(t, charged, 12, levels) end
 local seq = redis.call('INCR', KEYS[2])
 local id = redis.call('XADD', KEYS[1], '*', 'seq', seq, 'enqueued_at', tostring(t),
                       'deadline', tostring(t + tonumber(ARGV[9])), 'request_id', ARGV[7],
@@ -78,7 +95,7 @@ redis.call('XADD', KEYS[5], '*', 'type', 'queued', 'data', cjson.encode({seq = s
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
 redis.call('INCR', KEYS[6])
 redis.call('EXPIRE', KEYS[6], tonumber(ARGV[10]))
-return {1, own + 1, tostring(wait), id}
+return {1, own + 1, tostring(wait), id, rate_limit_reply(decision, levels)}
 """
 )
 
@@ -146,7 +163,7 @@ _QUEUE_STATE = (
 -- KEYS: enqueued, claimed, capacity, then (enqueued, claimed) of higher tiers
 -- ARGV: tier, stale_s, min_rate
 local rate = drain_rate(KEYS[3], ARGV[1], now(), tonumber(ARGV[2]), tonumber(ARGV[3]))
-return {queued(KEYS[1], KEYS[2]), ahead(KEYS[1], KEYS[2], 4), tostring(rate)}
+return {queued(KEYS[1], KEYS[2]), ahead(KEYS[1], KEYS[2], 4, #KEYS), tostring(rate)}
 """
 )
 
@@ -241,7 +258,11 @@ class EnqueueResult:
     admitted: bool
     position: int  # 1 = next to be claimed (when admitted); queued jobs ahead (when refused)
     predicted_wait_s: float
-    refusal: str | None = None  # "queue_full" | "wait_over_slo"
+    refusal: str | None = None  # "rate_limited" | "queue_full" | "wait_over_slo"
+    # The rate limit's decision when the job was charged with its enqueue: refused, or allowed
+    # with its buckets' levels after the charge. None when it was refused for the queue's sake
+    # (nothing charged) or not charged here.
+    rate: RateDecision | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,11 +279,15 @@ def job_enqueue(
     max_queued: int,
     wait_slo_s: float,
     max_wait_s: float,
+    charge: RateCharge | None = None,
 ) -> EnqueueResult:
+    """Queue the job unless its tier's queue is full or its predicted wait is over the SLO.
+    With `charge`, the job's rate limit is decided and charged in the same script call: one
+    round trip admits a request, and a refusal, by the rate limit or the queue, charges nothing."""
     model, request_id = job.model, job.request_id
-    # The job counts as accepted once enough replicas have it too (REDIS_WAIT_REPLICAS).
-    pipe = sync_redis().pipeline(transaction=False)
-    sync_script(_ENQUEUE)(
+    higher = _higher_tier_keys(model, tier)
+    reply, replicated = script_replicated(
+        _ENQUEUE,
         keys=[
             keys.queue(model, tier),
             keys.enqueue_seq(model, tier),
@@ -270,7 +295,8 @@ def job_enqueue(
             keys.capacity(model),
             keys.result(model, request_id),
             keys.arrivals(model, tier, _arrival_bucket(time.time())),
-            *_higher_tier_keys(model, tier),
+            *higher,
+            *(charge.script_keys() if charge else []),
         ],
         args=[
             max_queued,
@@ -283,11 +309,11 @@ def job_enqueue(
             job.encode(),
             max_wait_s,
             settings.AUTOSCALE_ARRIVAL_WINDOW_S + 2 * ARRIVAL_BUCKET_S,
+            len(higher) // 2,
+            *(charge.script_args() if charge else []),
         ],
-        client=pipe,
     )
-    (reply,), replicated = execute_replicated(pipe)
-    admitted, position, wait, detail = reply
+    admitted, position, wait, detail, rate_reply = reply
     if admitted and not replicated:
         # Only the primary has the job, and a failover now would lose it: withdraw it (a worker
         # claiming it skips it) and refuse, rather than promise an answer.
@@ -298,6 +324,7 @@ def job_enqueue(
         position=int(position),
         predicted_wait_s=float(wait),
         refusal=None if admitted else detail,
+        rate=charge.decision(rate_reply) if charge and rate_reply else None,
     )
 
 
@@ -364,6 +391,7 @@ class JobQueue:
         self.consumer = consumer
         self._claim = async_script(client, _CLAIM)
         self._record_claim = async_script(client, _RECORD_CLAIM)
+        self._recordings: set[asyncio.Future] = set()
         self._forget_dead_workers = async_script(client, _FORGET_DEAD_WORKERS)
 
     async def ensure_groups(self) -> None:
@@ -409,9 +437,26 @@ class JobQueue:
             tier = stream.rsplit(":", 1)[1]
             for entry_id, fields in entries:
                 job = Job.from_entry(self.model, tier, entry_id, fields)
-                await self._record_claim(keys=[keys.claimed_seq(self.model, tier)], args=[job.seq])
+                # The claimed counter only tells waiting clients their place: moved while the
+                # job starts, not before (the job's time to first token waits for nothing).
+                recording = asyncio.ensure_future(
+                    self._record_claim(keys=[keys.claimed_seq(self.model, tier)], args=[job.seq])
+                )
+                self._recordings.add(recording)
+                recording.add_done_callback(self._recorded)
                 jobs.append(job)
         return jobs
+
+    async def recordings_wait(self, timeout_s: float = 1.0) -> None:
+        """Wait a moment for the claimed counters still being written (before the client
+        closes); one Redis cannot take is left, the next claim's counter covering it."""
+        if self._recordings:
+            await asyncio.wait(set(self._recordings), timeout=timeout_s)
+
+    def _recorded(self, recording: asyncio.Future) -> None:
+        self._recordings.discard(recording)
+        if not recording.cancelled() and recording.exception() is not None:
+            logger.warning("recording a claim failed: %s", recording.exception())
 
     async def ack(self, job: Job) -> None:
         stream = keys.queue(self.model, job.tier)

@@ -8,6 +8,7 @@ reaches the promoted replica.
 
 import asyncio
 from functools import cache
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -104,14 +105,28 @@ def new_async_redis(*, single_connection: bool = False, socket_timeout: float = 
     )
 
 
-def execute_replicated(pipe: redis.client.Pipeline) -> tuple[list, bool]:
-    """Run the pipeline, then (with REDIS_WAIT_REPLICAS) wait until that many replicas have its
-    writes, on the same connection as WAIT requires. Returns its replies and whether they did."""
-    if settings.REDIS_WAIT_REPLICAS:
-        pipe.wait(settings.REDIS_WAIT_REPLICAS, round(settings.REDIS_WAIT_TIMEOUT_S * 1000))
-        *replies, acknowledged = pipe.execute()
-        return replies, acknowledged >= settings.REDIS_WAIT_REPLICAS
-    return pipe.execute(), True
+def script_replicated(source: str, *, keys: list[str], args: list[object]) -> tuple[Any, bool]:
+    """Run a script, then (with REDIS_WAIT_REPLICAS) wait until that many replicas have its
+    writes, on the same connection as WAIT requires: one round trip either way. Returns its
+    reply and whether the replicas confirmed it."""
+    script = sync_script(source)
+    if not settings.REDIS_WAIT_REPLICAS:
+        return script(keys=keys, args=args), True
+    try:
+        return _evalsha_and_wait(script.sha, keys, args)
+    except redis.exceptions.NoScriptError:
+        sync_redis().script_load(source)  # a restarted Redis has forgotten it
+        return _evalsha_and_wait(script.sha, keys, args)
+
+
+def _evalsha_and_wait(sha: str, keys: list[str], args: list[object]) -> tuple[Any, bool]:
+    # EVALSHA itself, not the script object: a pipeline asks SCRIPT EXISTS for the scripts
+    # called through it, a round trip more on every call.
+    pipe = sync_redis().pipeline(transaction=False)
+    pipe.evalsha(sha, len(keys), *keys, *args)
+    pipe.wait(settings.REDIS_WAIT_REPLICAS, round(settings.REDIS_WAIT_TIMEOUT_S * 1000))
+    reply, acknowledged = pipe.execute()
+    return reply, acknowledged >= settings.REDIS_WAIT_REPLICAS
 
 
 def sync_script(source: str) -> redis.commands.core.Script:

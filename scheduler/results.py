@@ -56,10 +56,13 @@ def _id_key(entry_id: str) -> tuple[int, int]:
 
 @dataclass(frozen=True, slots=True)
 class ResultEvent:
-    """One entry of a result stream: its id (the SSE event id) and the event."""
+    """One entry of a result stream: its id (the SSE event id), the event, and the event's data
+    as the stream holds it (event_encode's JSON), which a relay can send on without encoding it
+    again."""
 
     id: str
     body: EventBody
+    data: str
 
     @property
     def type(self) -> str:
@@ -67,7 +70,13 @@ class ResultEvent:
 
     @classmethod
     def from_entry(cls, entry_id: str, fields: dict[str, str]) -> ResultEvent:
-        return cls(entry_id, event_decode(fields["type"], json.loads(fields["data"])))
+        data = fields["data"]
+        return cls(entry_id, event_decode(fields["type"], json.loads(data)), data)
+
+    @classmethod
+    def of(cls, entry_id: str, body: EventBody) -> ResultEvent:
+        """An event that no stream holds (the follower's own `error`)."""
+        return cls(entry_id, body, event_encode(body)[1])
 
 
 # One call writes a whole batch: the per-command cost of a pipeline (packing, parsing a reply
@@ -150,14 +159,19 @@ class _Subscription:
     def fail(self, code: str, message: str) -> None:
         """End the subscription with an `error` event, as if the worker had published it:
         every reader already turns that into a clear outcome for its client."""
-        self._pending.append(ResultEvent(self.cursor, Error(code=code, message=message)))
+        self._pending.append(ResultEvent.of(self.cursor, Error(code=code, message=message)))
         self._arrived.set()
 
     def deliver(self, entries: list[tuple[str, dict[str, str]]]) -> None:
-        for entry_id, fields in entries:
-            if _id_key(entry_id) > _id_key(self.cursor):
-                self._pending.append(ResultEvent.from_entry(entry_id, fields))
-                self.cursor = entry_id
+        # The entries are in order and follow the stream's oldest cursor: only the first few
+        # can be ones this subscriber already has (when another one resumed from further back).
+        cursor = _id_key(self.cursor)
+        start = 0
+        while start < len(entries) and _id_key(entries[start][0]) <= cursor:
+            start += 1
+        for entry_id, fields in entries[start:]:
+            self._pending.append(ResultEvent.from_entry(entry_id, fields))
+            self.cursor = entry_id
         if self._pending:
             self._arrived.set()
 
@@ -202,12 +216,12 @@ class ResultFollower:
             raise ValueError(f"not a stream id in Redis's form: {after_id!r}")
         sub = _Subscription(keys.result(model, request_id), after_id)
         self._subs.setdefault(sub.key, []).append(sub)
+        watch_key = keys.watchers(model, request_id)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="result-follower")
+            await self._watch(watch_key, +1)
         else:
-            await self._poke()
-        watch_key = keys.watchers(model, request_id)
-        await self._watch(watch_key, +1)
+            await self._watch(watch_key, +1, poke=True)
         metrics.STREAM_CLIENTS.inc()
         try:
             yield sub
@@ -220,18 +234,23 @@ class ResultFollower:
                 self._subs.pop(sub.key, None)
             await self._watch(watch_key, -1)
 
-    async def _watch(self, watch_key: str, change: int) -> None:
-        """Count the clients attached to a request; when the last leaves, note the time."""
+    async def _watch(self, watch_key: str, change: int, *, poke: bool = False) -> None:
+        """Count the clients attached to a request; when the last leaves, note the time. `poke`:
+        wake the reader in the same round trip, to read a stream it has just been given."""
         if self._poker is None:
             self._poker = new_async_redis()
         try:
             async with self._poker.pipeline(transaction=False) as pipe:
+                if poke:
+                    self._poke_into(pipe)
                 pipe.hincrby(watch_key, "clients", change)
                 if change < 0:
                     pipe.hset(watch_key, "since", time.time())
                 pipe.expire(watch_key, settings.RESULT_TTL_S)
-                await pipe.execute()
-        except (redis.ConnectionError, redis.TimeoutError):
+                replies = await pipe.execute(raise_on_error=False)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            replies = [exc]
+        if any(isinstance(reply, redis.RedisError) for reply in replies):
             logger.warning(
                 "could not count a client %s %s", "leaving" if change < 0 else "joining", watch_key
             )
@@ -240,16 +259,11 @@ class ResultFollower:
     def followed_streams(self) -> int:
         return len(self._subs)
 
-    async def _poke(self) -> None:
-        if self._poker is None:
-            self._poker = new_async_redis()
-        try:
-            async with self._poker.pipeline(transaction=False) as pipe:
-                pipe.xadd(self._wake_key, {"w": 1}, maxlen=16, approximate=False)
-                pipe.expire(self._wake_key, 3600)
-                await pipe.execute()
-        except redis.RedisError:
-            pass  # the reader is reconnecting (or replacing its wake-up stream) and picks it up anyway
+    def _poke_into(self, pipe: aioredis.client.Pipeline) -> None:
+        # Lost if the reader is reconnecting (or replacing its wake-up stream): it reads every
+        # stream it follows anyway when it is back.
+        pipe.xadd(self._wake_key, {"w": 1}, maxlen=16, approximate=False)
+        pipe.expire(self._wake_key, 3600)
 
     async def _run(self) -> None:
         try:
@@ -322,12 +336,6 @@ class ResultFollower:
     def _end_subscriptions(self, key: str) -> None:
         for sub in self._subs.pop(key, []):
             sub.fail("stream_unreadable", STREAM_UNREADABLE_MESSAGE)
-
-
-async def last_event_type(client: aioredis.Redis, *, model: str, request_id: str) -> str | None:
-    """The type of the request's latest event: "queued" until a worker starts it."""
-    entries = await client.xrevrange(keys.result(model, request_id), count=1)
-    return entries[0][1]["type"] if entries else None
 
 
 async def abandoned_request_ids(client: aioredis.Redis, jobs: list[Job]) -> set[str]:

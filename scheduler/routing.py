@@ -5,7 +5,8 @@ Sticky without storage: a conversation's bucket is a hash of its id (salted per 
 0..99, and it goes to the candidate while its bucket is below the split. Raising the split
 only moves conversations from stable to candidate; a rollback (split 0) moves every one back.
 The split lives in the database (CanaryRouting), mirrored into Redis, and each process reads
-the mirror at most once a second, so a change applies everywhere within a second.
+the mirror at most once a second, so a change applies everywhere within a second. The variants
+themselves are read from the database at most once a second too.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import time
 from dataclasses import dataclass
 
 import redis
+from django.db import transaction
 
 from scheduler import keys
 from scheduler.models import CanaryRouting, Variant
@@ -91,9 +93,46 @@ def variant_for(*, conversation_id: str) -> str:
     return split.candidate_variant if bucket < split.split_percent else split.stable_variant
 
 
+# Variants by name, each read from the database at most once a CACHE_S, like the split: an edit
+# (the console's) applies everywhere within a second, and at once in the process that saved it.
+_variants: dict[str, tuple[float, Variant]] = {}
+
+
+def _variant_named(name: str) -> Variant | None:
+    """The variant as stored at most a second ago (the console may edit it), or None."""
+    cached = _variants.get(name)
+    if cached is not None and time.monotonic() - cached[0] < CACHE_S:
+        return cached[1]
+    variant = Variant.objects.filter(name=name).first()
+    if variant is not None:
+        _variants[name] = (time.monotonic(), variant)
+    return variant
+
+
 def variant_for_conversation(*, conversation_id: str) -> Variant:
-    """The variant that answers the conversation, as stored now (the console may edit it)."""
-    return Variant.objects.get(name=variant_for(conversation_id=conversation_id))
+    """The variant that answers the conversation, as stored at most a second ago (the console
+    may edit it)."""
+    name = variant_for(conversation_id=conversation_id)
+    variant = _variant_named(name)
+    if variant is None:
+        raise Variant.DoesNotExist(f"The routed variant {name!r} does not exist.")
+    return variant
+
+
+def variant_for_request(*, model: str, request_id: str) -> Variant | None:
+    """The variant that answers an API request naming `model`: the stable variant's name is
+    routed as a conversation is (the canary takes its share, by `request_id`), another variant's
+    name is that variant (a caller trying the candidate), anything else None (vLLM's 404)."""
+    if model == canary_split().stable_variant:
+        return variant_for_conversation(conversation_id=request_id)
+    return _variant_named(model)
+
+
+def variants_forget(**kwargs: object) -> None:
+    """Read every variant from the database again (a receiver of Variant's saves and deletes):
+    now, and once the change commits, in case a read in between found the row before it."""
+    _variants.clear()
+    transaction.on_commit(_variants.clear)
 
 
 def variant_models(names: list[str]) -> set[str]:

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.db.models import Q
 from django.utils import timezone
 
 from scheduler.generation import GenerationJob, Timings, Usage
-from scheduler.models import Generation
+from scheduler.models import CacheResult, Generation
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,6 +23,10 @@ class GenerationOutcome:
     error_message: str = ""
     usage: Usage = field(default_factory=Usage)
     timings: Timings | None = None
+    # Answered from the result cache: how it matched (scheduler.models.CacheResult), and the
+    # engine time the answer had cost when it was generated. Blank for any other answer.
+    cache: str = ""
+    saved_engine_ms: float | None = None
 
 
 def generation_create(*, job: GenerationJob) -> Generation:
@@ -40,15 +45,36 @@ def generation_create(*, job: GenerationJob) -> Generation:
     return generation
 
 
+def generation_insert(*, job: GenerationJob, cache_lookup_ms: float | None = None) -> Generation:
+    """The record of a request made just now, its id new: one INSERT, where generation_create
+    looks for a resubmission's record first. `cache_lookup_ms`: the result cache looked the
+    request up and missed, in that long (noted with it rather than by generation_cache_note)."""
+    return Generation.objects.create(
+        request_id=job.request_id,
+        origin=job.origin,
+        variant=job.variant,
+        model=job.model,
+        tier=job.tier,
+        client_id=job.client_id,
+        cache=CacheResult.MISS if cache_lookup_ms is not None else "",
+        cache_lookup_ms=cache_lookup_ms,
+    )
+
+
 def generation_cache_note(*, request_id: str, result: str, lookup_ms: float) -> None:
     """Record that the result cache looked this request up and missed (a hit is recorded
-    whole by admission.request_answer_cached)."""
+    whole by admission.request_answer_known)."""
     Generation.objects.filter(request_id=request_id).update(cache=result, cache_lookup_ms=lookup_ms)
 
 
-def generation_discard(*, request_id: str) -> None:
-    """Forget a request that was not admitted."""
-    Generation.objects.filter(request_id=request_id, status=Generation.Status.PENDING).delete()
+def generation_discard(*, request_id: str, answered_by: str = "") -> None:
+    """Forget a request that was not admitted: its pending record, and with `answered_by` also
+    the record that engine (an answer known without a worker: scheduler.admission.KnownAnswer)
+    finished before the answer's stream could be written."""
+    unadmitted = Q(status=Generation.Status.PENDING)
+    if answered_by:
+        unadmitted |= Q(engine=answered_by)
+    Generation.objects.filter(unadmitted, request_id=request_id).delete()
 
 
 def generation_finish(*, request_id: str, outcome: GenerationOutcome) -> bool:
@@ -57,7 +83,15 @@ def generation_finish(*, request_id: str, outcome: GenerationOutcome) -> bool:
     no NUL character: one in the text (a model can emit it; the simulated engine echoes the
     prompt) is stored as U+FFFD, or the answer would be lost."""
     timings = outcome.timings
+    cached = {}
+    if outcome.cache:
+        cached = {
+            "cache": outcome.cache,
+            "cache_lookup_ms": timings.ttft_ms if timings else None,
+            "saved_engine_ms": outcome.saved_engine_ms,
+        }
     updated = Generation.objects.filter(request_id=request_id, status=Generation.Status.PENDING).update(
+        **cached,
         status=outcome.status,
         text=outcome.text.replace("\x00", "\ufffd"),
         finish_reason=outcome.finish_reason,

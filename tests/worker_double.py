@@ -26,6 +26,7 @@ def queued(tier: str, model: str = MODEL) -> list[dict[str, Any]]:
             "messages": job.messages,
             "prompt": job.prompt,
             "client_id": job.client_id,
+            "variant": job.variant,
             "disconnect_grace_s": job.disconnect_grace_s,
             **job.sampling.to_dict(),
         }

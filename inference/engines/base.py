@@ -36,15 +36,15 @@ def resumable(sampling: SamplingParams) -> bool:
     """Whether an answer with these parameters goes on after a Continuation as it would have
     without the pause. Not a structured output (its grammar cannot restart half-way through the
     JSON), not seeded random sampling (the seed would restart its random stream, and the same
-    request would no longer give the same answer), and no presence or frequency penalty (they
-    count only the tokens written after the prompt, which the continuation's are not). Logprobs
-    resume: the streamed tokens' were sent already, and the rest are computed after the same
-    text."""
+    request would no longer give the same answer), not a presence penalty (taken once per token
+    over the output: the written tokens, now in the prompt, would be penalised again when they
+    recur). A frequency penalty resumes: an engine continuing an answer counts the tokens it
+    had written (vLLM: as a logit bias). Logprobs resume: the streamed tokens' were sent
+    already, and the rest are computed after the same text."""
     return (
         sampling.structured is None
         and (sampling.seed is None or sampling.temperature == 0)
         and sampling.presence_penalty == 0
-        and sampling.frequency_penalty == 0
     )
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from collections import Counter
 from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass
@@ -197,7 +198,8 @@ class VllmEngine:
             (engine_input,) = engine.renderer.render_cmpl(
                 [TokensPrompt(prompt_token_ids=continued_ids or prompt_token_ids)]
             )
-            sampling_params = vllm_sampling_params(request.sampling, written=written)
+            written_ids = continued_ids[len(prompt_token_ids) :] if continued_ids else []
+            sampling_params = vllm_sampling_params(request.sampling, written=written, written_ids=written_ids)
         except VLLMClientError as exc:
             raise EngineRequestError(f"vLLM rejected the request: {exc}") from exc
         prompt_tokens = len(prompt_token_ids)
@@ -306,9 +308,29 @@ class VllmEngine:
         return used, psutil.virtual_memory().total
 
 
-def vllm_sampling_params(sampling: GenerationSampling, *, written: int = 0) -> SamplingParams:
+def _penalties_of_written(
+    sampling: GenerationSampling, written_ids: Sequence[int]
+) -> dict[int, float] | None:
+    """The request's logit bias, plus, for a continued answer, the frequency penalty of the
+    tokens it had written: vLLM counts that penalty over the output only, and a continuation's
+    written tokens are in its prompt. It is linear in each token's count and added to the
+    logits, so the continuation samples from the very logits the uninterrupted answer would
+    have. (A presence penalty, once per token, is not: such answers are not paused.)"""
+    if not (written_ids and sampling.frequency_penalty):
+        return sampling.logit_bias
+    bias = dict(sampling.logit_bias or {})
+    for token_id, count in Counter(written_ids).items():
+        penalty = sampling.frequency_penalty * count
+        bias[token_id] = max(-100.0, min(100.0, bias.get(token_id, 0.0) - penalty))  # vLLM's clamp
+    return bias
+
+
+def vllm_sampling_params(
+    sampling: GenerationSampling, *, written: int = 0, written_ids: Sequence[int] = ()
+) -> SamplingParams:
     """Our typed parameters onto vLLM's, one for one (the meanings are vLLM's to begin with);
-    the token limits count `written` tokens of a continued answer as spent."""
+    the token limits count `written` tokens of a continued answer as spent, and the penalties
+    the tokens it wrote (`written_ids`)."""
     structured = None
     if sampling.structured is not None:
         structured = (
@@ -331,7 +353,7 @@ def vllm_sampling_params(sampling: GenerationSampling, *, written: int = 0) -> S
         ignore_eos=sampling.ignore_eos,
         stop_token_ids=list(sampling.stop_token_ids) or None,
         logprobs=sampling.logprobs,
-        logit_bias=sampling.logit_bias,
+        logit_bias=_penalties_of_written(sampling, written_ids),
         structured_outputs=structured,
         output_kind=RequestOutputKind.DELTA,
     )

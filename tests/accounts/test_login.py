@@ -6,7 +6,7 @@ from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
 
-from chat.models import User
+from accounts.models import User
 
 pytestmark = [
     pytest.mark.django_db,

@@ -7,7 +7,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 
-from chat.models import User
+from accounts.models import User
 
 pytestmark = pytest.mark.django_db
 

@@ -6,8 +6,9 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from accounts.models import User
 from admin_console.models import QualityRun
-from chat.models import Conversation, Message, User
+from chat.models import Conversation, Message
 from knowledge.quality import VariantSettings
 from scheduler import workers
 from scheduler.models import Variant
@@ -108,7 +109,7 @@ def answers(
 
 def quality_scored(variant: str, overall: float) -> QualityRun:
     """A finished quality score of `variant`."""
-    part = {"facts": overall, "sources": overall, "dont_know": overall, "language": overall}
+    part = dict.fromkeys(("facts", "sources", "dont_know", "language", "readable"), overall)
     return QualityRun.objects.create(
         variant=variant,
         status=QualityRun.Status.DONE,

@@ -8,7 +8,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.test import Client
 
-from chat.models import User
+from accounts.models import User
 from config.routing import application
 from scheduler import timeseries
 from tests.admin_console.conftest import heartbeat

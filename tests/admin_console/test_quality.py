@@ -44,7 +44,13 @@ def test_a_score_asks_with_the_variant_s_settings_as_saved_when_it_starts(
     client_staff, live_workers, django_capture_on_commit_callbacks
 ):
     Variant.objects.filter(name="candidate").update(
-        system_prompt="Answer like a pirate.", temperature=0.4, top_p=0.8, max_tokens=99, knowledge=False
+        system_prompt="Answer like a pirate.",
+        temperature=0.4,
+        top_p=0.8,
+        max_tokens=99,
+        knowledge=False,
+        frequency_penalty=0.5,
+        unknown_reply=False,
     )
     _start(client_staff, "candidate", django_capture_on_commit_callbacks)
     settings = VariantSettings(**QualityRun.objects.get().variant_settings)
@@ -56,6 +62,8 @@ def test_a_score_asks_with_the_variant_s_settings_as_saved_when_it_starts(
         max_tokens=99,
         use_help_center=False,
         model=CANDIDATE_MODEL,
+        frequency_penalty=0.5,
+        unknown_reply=False,
     )
     [prompt] = quality_prompts(variant=settings, questions=quality_questions()[:1])
     assert prompt.messages[0] == {"role": "system", "content": "Answer like a pirate."}
@@ -140,6 +148,22 @@ def test_the_promote_button_refuses_a_candidate_scoring_below_stable_and_says_wh
     assert "quality score (0.550) is below stable&#x27;s (0.600)" in page
     assert CanaryRollout.objects.get().status == "running"
     quality_scored("candidate", 0.6)
+    page = client_staff.post("/console/canary/promote", follow=True).content.decode()
+    assert "candidate is now the stable variant." in page
+
+
+@pytest.mark.django_db
+def test_a_candidate_edited_after_its_score_is_not_promoted_on_it(client_staff, staff, live_workers):
+    services.canary_start(
+        actor=staff, candidate_variant="candidate", steps=[{"percent": 100, "hold_s": 0}], rules={}
+    )
+    quality_scored("stable", 0.6)
+    quality_scored("candidate", 0.7)
+    services.variant_update(actor=staff, name="candidate", changes={"temperature": 0.9})
+    page = client_staff.post("/console/canary/promote", follow=True).content.decode()
+    assert "candidate changed since its last quality score" in page
+    assert CanaryRollout.objects.get().status == "running"
+    quality_scored("candidate", 0.7)  # scored again as it is now
     page = client_staff.post("/console/canary/promote", follow=True).content.decode()
     assert "candidate is now the stable variant." in page
 

@@ -7,11 +7,11 @@ from django.core.checks import run_checks
 from django.test import Client
 from django.urls import resolve
 
+from accounts.models import User
 from admin_console import urls as console_urls
 from admin_console.models import AuditLog, CanaryRollout
 from api import keys as api_keys
 from api.models import ApiKey
-from chat.models import User
 from knowledge.models import Article, CachedAnswer
 from scheduler.models import TierPolicy, Variant
 from scheduler.queues import job_enqueue

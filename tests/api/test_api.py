@@ -11,15 +11,16 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client, override_settings
 
+from accounts.models import User
 from api import keys as api_keys
 from api.models import ApiKey
-from chat.models import User
 from knowledge import cache as answer_cache
 from scheduler import keys, workers
 from scheduler.generation import Tier
-from scheduler.models import Generation, TierPolicy, Variant
+from scheduler.models import CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.policy import policies_mirror
 from scheduler.redis import new_async_redis, sync_redis
+from scheduler.routing import canary_mirror
 from tests import worker_double
 from tests.generation_jobs import MODEL
 
@@ -161,6 +162,33 @@ def test_the_worker_gets_the_generation_parameters_the_key_s_limits_and_the_api_
     assert (job["max_tokens"], job["temperature"], job["top_p"], job["stop"]) == (12, 0.2, 0.5, ["\n\n"])
     assert job["disconnect_grace_s"] == 0.0
     assert job["client_id"] == f"key:{alice.api_keys.get().pk}"
+
+
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions", "/v1/jobs"])
+def test_a_model_no_variant_answers_is_a_404_as_vllm_serve_gives_it(key, path):
+    body = {**HELLO, "model": "gpt-4o"}
+    if path == "/v1/completions":
+        body = {"model": "gpt-4o", "prompt": "Hello"}
+    elif path == "/v1/jobs":
+        body = {"requests": [{**HELLO, "model": "gpt-4o"}]}
+    response = Client().post(path, json.dumps(body), content_type="application/json", headers=_auth(key))
+    assert response.status_code == 404
+    assert response.json()["error"] == {
+        "message": "The model `gpt-4o` does not exist.",
+        "type": "NotFoundError",
+        "param": "model",
+        "code": 404,
+    }
+    assert _queued_anywhere() == 0
+
+
+def test_naming_the_stable_variant_takes_the_canary_s_routing_and_naming_another_gets_it(key):
+    CanaryRouting.objects.update(candidate_variant="candidate", split_percent=0)
+    canary_mirror()
+    streamed = {**HELLO, "stream": True}  # answered as it comes: the call returns at once
+    assert _post(Client(), key, streamed).status_code == 200
+    assert _post(Client(), key, {**streamed, "model": "candidate"}).status_code == 200
+    assert [job["variant"] for job in worker_double.queued("normal")] == ["stable", "candidate"]
 
 
 def test_a_key_without_a_tier_follows_its_owner_and_a_key_with_one_overrides_it(alice):
@@ -597,7 +625,7 @@ def test_a_streamed_named_tool_call_sends_its_arguments_as_tool_call_deltas(key)
 
 def test_a_call_of_several_choices_is_never_answered_from_the_result_cache(key):
     answer_cache._index.forget()
-    body = HELLO | {"stream": True, "temperature": 0.7}
+    body = HELLO | {"stream": True, "temperature": 0.7, "seed": 7}
     assert _post(Client(), key, body).status_code == 200
     [first] = worker_double.queued("normal")
     worker_double.answer(first["request_id"], "It left our warehouse today.")
@@ -612,10 +640,31 @@ def test_a_call_of_several_choices_is_never_answered_from_the_result_cache(key):
     answer_cache._index.forget()
 
 
+def test_a_call_sampled_without_a_seed_is_never_answered_from_the_result_cache(key):
+    """Its answer is a fresh sample each time on vllm serve; greedy and seeded ones are not."""
+    answer_cache._index.forget()
+    TierPolicy.objects.filter(tier="normal").update(max_concurrent_per_user=10)  # four calls at once
+    policies_mirror()
+    for body in (HELLO | {"stream": True, "temperature": 0.7}, HELLO | {"stream": True, "temperature": 0}):
+        for _ in range(2):
+            answered = {job["request_id"] for job in worker_double.queued("normal")}
+            assert _post(Client(), key, body).status_code == 200
+            for job in worker_double.queued("normal"):
+                if job["request_id"] not in answered:
+                    worker_double.answer(job["request_id"], "It left our warehouse today.")
+    assert list(Generation.objects.filter(origin="api").order_by("id").values_list("cache", flat=True)) == [
+        "",
+        "",
+        "miss",
+        "exact",
+    ]
+    answer_cache._index.forget()
+
+
 def test_an_answer_from_the_result_cache_still_counts_against_the_key_s_limits(key):
     answer_cache._index.forget()
     ApiKey.objects.update(requests_per_minute=2)
-    body = HELLO | {"stream": True, "temperature": 0.7}
+    body = HELLO | {"stream": True, "temperature": 0}
     assert _post(Client(), key, body).status_code == 200
     [first] = worker_double.queued("normal")
     worker_double.answer(first["request_id"], "It left our warehouse today.")

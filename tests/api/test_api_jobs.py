@@ -11,11 +11,11 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from accounts.models import User
 from api import jobs, tasks
 from api import keys as api_keys
 from api.models import ApiKey, BatchJob, BatchJobItem
 from api.openai_shapes import chat_request_parse
-from chat.models import User
 from config.celery import app
 from scheduler import keys
 from scheduler.admission import request_submit

@@ -10,10 +10,10 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
 
+from accounts.models import User
 from admin_console.models import AuditLog
 from api import keys as api_keys
 from api.models import ApiKey
-from chat.models import User
 from scheduler.generation import Tier
 
 pytestmark = pytest.mark.django_db

@@ -11,8 +11,8 @@ import pytest
 from django.conf import settings as django_settings
 from django.test import Client
 
+from accounts.models import User
 from api import keys as api_keys
-from chat.models import User
 from inference.model_prep import default_model_dir, prepare_model
 from scheduler import keys
 from scheduler.prompt import prompt_encoder

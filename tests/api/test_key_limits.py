@@ -11,10 +11,10 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import Client
 
+from accounts.models import User
 from api import keys as api_keys
 from api.models import ApiKey
 from api.openai_shapes import ratelimit_duration
-from chat.models import User
 from scheduler.admission import request_finished
 from scheduler.models import TierPolicy
 from scheduler.policy import policies_mirror

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from django.test import override_settings
 
+from api.openai_protocol import NO_EFFECT, ChatCompletionRequest, CompletionRequest
 from api.openai_shapes import (
     ApiError,
     ChoiceOutcome,
@@ -151,6 +152,29 @@ def test_parameters_vllm_does_not_know_are_ignored():
     assert request.sampling_params() == chat_request_parse(HELLO).sampling_params()
 
 
+@pytest.mark.parametrize("kind", ["chat", "text"])
+def test_every_parameter_vllm_knows_is_applied_refused_or_without_effect(kind):
+    """A parameter `vllm serve` applies is never silently dropped here (vLLM's own request
+    models, from the installed vllm, are the list)."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as VllmChat
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest as VllmText
+
+    ours, theirs = {"chat": (ChatCompletionRequest, VllmChat), "text": (CompletionRequest, VllmText)}[kind]
+    handled = set(ours.model_fields) | set(ours.not_applied) | NO_EFFECT
+    assert set(theirs.model_fields) - handled == set()
+
+
+def test_parameters_without_effect_are_accepted_and_change_nothing():
+    quiet = {
+        "cache_salt": "s",
+        "session_id": "abc",
+        "request_id": "mine",
+        "stream_interval": 4,
+        "priority": 0,
+    }
+    assert chat_request_parse(HELLO | quiet).sampling_params() == chat_request_parse(HELLO).sampling_params()
+
+
 @pytest.mark.parametrize(
     ("extra", "param", "message"),
     [
@@ -191,6 +215,10 @@ def test_parameters_vllm_does_not_know_are_ignored():
         # vLLM extensions that would change the answer and are not applied here.
         ({"use_beam_search": True}, "use_beam_search", "not supported by this service"),
         ({"include_stop_str_in_output": True}, "include_stop_str_in_output", "not supported"),
+        ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs", "not supported"),
+        ({"return_token_ids": True}, "return_token_ids", "not supported"),
+        ({"priority": 5}, "priority", "not supported"),
+        ({"vllm_xargs": {"a": 1}}, "vllm_xargs", "not supported"),
         (
             {"stream": True, "stream_options": {"continuous_usage_stats": True}},
             "stream_options.continuous_usage_stats",

@@ -11,8 +11,8 @@ import pytest
 from asgiref.sync import async_to_sync
 from django.test import AsyncClient, Client
 
+from accounts.models import User
 from api import keys as api_keys
-from chat.models import User
 from scheduler import keys
 from scheduler.redis import sync_redis
 from tests import worker_double

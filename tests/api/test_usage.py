@@ -11,10 +11,10 @@ from django.test import Client, RequestFactory
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from accounts.models import User
 from admin_console.metrics_view import metrics
 from api import keys as api_keys
 from api.usage import KeyUsage, key_usage_by_day
-from chat.models import User
 from scheduler.generation import Origin, Tier
 from scheduler.models import Generation
 

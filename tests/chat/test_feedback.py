@@ -3,7 +3,8 @@
 import pytest
 from django.test import Client
 
-from chat.models import Conversation, Message, User
+from accounts.models import User
+from chat.models import Conversation, Message
 from tests.chat.conftest import guest_key_of
 from tests.generation_jobs import generation_record
 

@@ -1,13 +1,21 @@
 import threading
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from django.conf import settings
 from django.db import connection
 
-from chat.models import Conversation, Message, User
-from chat.services import ConversationBusy, _unfinished_answers, message_post
+from accounts.models import User
+from chat.models import Conversation, Message
+from chat.services import (
+    ConversationBusy,
+    _unfinished_answers,
+    conversation_id_offer,
+    conversation_new,
+    message_post,
+)
 from scheduler import keys
 from scheduler.admission import AdmissionRefused
 from scheduler.redis import sync_redis
@@ -27,19 +35,17 @@ on_postgresql = pytest.mark.skipif(
 POSTERS = 8
 
 
-@on_postgresql
-def test_concurrent_posts_to_one_conversation_accept_one_and_refuse_the_rest_as_busy():
-    alice = User.objects.create_user("alice", password="pw")
-    conversation = Conversation.objects.create(owner=alice)
+def _post_all_at_once(own_copy: Callable[[], Conversation], owner: User) -> Counter:
+    """POSTERS posts at once, each as a web process would: its own copy of the conversation
+    (`own_copy`), on its own connection. Returns how many were accepted, busy or refused."""
     all_at_once = threading.Barrier(POSTERS)
 
     def post(n: int) -> str:
         try:
-            # As a web process would: its own copy of the conversation, on its own connection.
-            own_copy = Conversation.objects.get(pk=conversation.pk)
+            conversation = own_copy()
             all_at_once.wait(timeout=30)
             message_post(
-                conversation=own_copy, text=f"Question {n}", tier="normal", client_id=f"user:{alice.pk}"
+                conversation=conversation, text=f"Question {n}", tier="normal", client_id=f"user:{owner.pk}"
             )
             return "accepted"
         except ConversationBusy:
@@ -50,9 +56,33 @@ def test_concurrent_posts_to_one_conversation_accept_one_and_refuse_the_rest_as_
             connection.close()
 
     with ThreadPoolExecutor(POSTERS) as pool:
-        outcomes = list(pool.map(post, range(POSTERS)))
+        return Counter(pool.map(post, range(POSTERS)))
 
-    assert Counter(outcomes) == {"accepted": 1, "busy": POSTERS - 1}
+
+@on_postgresql
+def test_concurrent_posts_to_one_conversation_accept_one_and_refuse_the_rest_as_busy():
+    alice = User.objects.create_user("alice", password="pw")
+    conversation = Conversation.objects.create(owner=alice)
+
+    outcomes = _post_all_at_once(lambda: Conversation.objects.get(pk=conversation.pk), alice)
+
+    assert outcomes == {"accepted": 1, "busy": POSTERS - 1}
     assert conversation.messages.filter(role=Message.Role.USER).count() == 1
     assert _unfinished_answers(conversation).count() == 1
+    assert sum(sync_redis().xlen(keys.queue(MODEL, tier)) for tier in keys.TIERS) == 1
+
+
+@on_postgresql
+def test_concurrent_first_messages_to_one_offered_conversation_accept_one_and_refuse_the_rest_as_busy():
+    alice = User.objects.create_user("alice", password="pw")
+    conversation_id = conversation_id_offer()
+
+    # An unsaved conversation of each poster's own for the offered id.
+    outcomes = _post_all_at_once(
+        lambda: conversation_new(conversation_id=conversation_id, owner=alice, session_key=""), alice
+    )
+
+    assert outcomes == {"accepted": 1, "busy": POSTERS - 1}
+    conversation = Conversation.objects.get(pk=conversation_id)
+    assert conversation.messages.filter(role=Message.Role.USER).count() == 1
     assert sum(sync_redis().xlen(keys.queue(MODEL, tier)) for tier in keys.TIERS) == 1

@@ -8,9 +8,12 @@ from django.db import OperationalError, connection
 from django.test import Client, override_settings
 from django.utils import timezone
 
-from chat import tasks, views
-from chat.models import Conversation, Message, User
+from accounts import addresses
+from accounts.models import User
+from chat import tasks
+from chat.models import Conversation, Message
 from knowledge import services as knowledge_services
+from knowledge.prompts import UNKNOWN_REPLIES
 from scheduler import keys, routing
 from scheduler.models import CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.policy import policies_mirror
@@ -198,7 +201,7 @@ def test_guests_share_a_bucket_per_ipv6_64_and_per_ipv4_address(addresses, refus
 
 
 def test_x_forwarded_for_without_a_trusted_proxy_is_ignored_with_one_warning(caplog):
-    views._warn_forwarded_for_ignored.cache_clear()  # once per process: start this test's count
+    addresses._warn_forwarded_for_ignored.cache_clear()  # once per process: start this test's count
     for n in range(2):
         guest = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR=f"198.51.100.{n}")
         assert _post_to(guest, _form_conversation_id(guest.get("/")), "hello").status_code == 202
@@ -320,6 +323,14 @@ def test_the_page_offers_the_servers_message_limit(client_alice, conversation):
     assert _post(client_alice, conversation, "x" * 51).status_code == 400
 
 
+def test_a_vip_customer_sees_the_vip_badge_and_others_do_not(client_alice, alice):
+    assert "badge--vip" not in client_alice.get("/").content.decode()
+    alice.tier = "vip"
+    alice.save()
+    assert "badge--vip" in client_alice.get("/").content.decode()
+    assert "badge--vip" not in Client().get("/").content.decode()
+
+
 def test_the_sidebar_titles_conversations_by_their_first_question(client_alice, alice, conversation):
     conversation.messages.create(role=Message.Role.USER, content="Where is my parcel?")
     conversation.messages.create(role=Message.Role.ASSISTANT, content="On its way.")
@@ -368,7 +379,29 @@ def test_an_answer_is_written_from_the_help_center_and_names_its_sources(client_
     assert 'href="/help/returns-policy"' in page
 
 
-def test_a_question_the_help_center_does_not_cover_is_told_to_say_so(client_alice, conversation):
+def test_a_first_question_the_help_center_does_not_cover_gets_its_reply_without_the_model(
+    client_alice, conversation
+):
+    knowledge_services.article_create(
+        slug="returns-policy", title="Returns policy", body="You can return most items within 30 days."
+    )
+    response = _post(client_alice, conversation, "Avez-vous un magasin à Paris ?")
+    assert response.status_code == 202
+    assert worker_double.queued("normal") == []  # no queue, no GPU slot
+    answer = conversation.messages.get(role="assistant")
+    assert (answer.generation.status, answer.generation.engine) == ("done", "help-center")
+    assert answer.generation.text == UNKNOWN_REPLIES["fr"]  # in the customer's language
+    assert answer.sources == []
+    events = [
+        fields["type"] for _, fields in sync_redis().xrange(keys.result(MODEL, str(answer.generation_id)))
+    ]
+    assert events == ["start", "token", "done"]  # the stream a worker would have written
+
+
+def test_a_question_the_help_center_does_not_cover_is_told_to_say_so_when_the_variant_asks_the_model(
+    client_alice, conversation
+):
+    Variant.objects.update(unknown_reply=False)
     knowledge_services.article_create(
         slug="returns-policy", title="Returns policy", body="You can return most items within 30 days."
     )
@@ -378,6 +411,16 @@ def test_a_question_the_help_center_does_not_cover_is_told_to_say_so(client_alic
     assert "say that you do not know" in system_prompt
     assert "30 days" not in system_prompt
     assert conversation.messages.get(role="assistant").sources == []
+
+
+def test_a_later_question_the_help_center_does_not_cover_is_asked_of_the_model(client_alice, conversation):
+    """A follow-up can lean on the conversation, which retrieval does not see."""
+    knowledge_services.article_create(
+        slug="returns-policy", title="Returns policy", body="You can return most items within 30 days."
+    )
+    Message.objects.create(conversation=conversation, role=Message.Role.USER, content="Can I return a lamp?")
+    assert _post(client_alice, conversation, "And what if it came broken?").status_code == 202
+    assert len(worker_double.queued("normal")) == 1
 
 
 def test_conversations_routed_to_the_candidate_are_asked_its_way_on_the_same_model(client_alice, alice):

@@ -60,6 +60,29 @@ ORDER_TOOL = {
 TIMEOUT_S = 120.0
 
 
+class Tok(str):
+    """A token of the served model's tokenizer, named by its text in a case's body."""
+
+
+def _token_ids(value: Any) -> Any:
+    """The body with every `Tok` (a key or a value) replaced by its token id."""
+    if isinstance(value, Tok):
+        from django.conf import settings
+        from tokenizers import Tokenizer
+
+        [token_id] = (
+            Tokenizer.from_file(f"{settings.INFERENCE_MODEL}/tokenizer.json")
+            .encode(value, add_special_tokens=False)
+            .ids
+        )
+        return token_id
+    if isinstance(value, dict):
+        return {(str(_token_ids(k)) if isinstance(k, Tok) else k): _token_ids(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_token_ids(v) for v in value]
+    return value
+
+
 @dataclass(frozen=True)
 class Case:
     id: str
@@ -122,6 +145,40 @@ CASES = [
         {"temperature": 0, "repetition_penalty": 1.3, "min_tokens": 20, "max_tokens": 24},
         prompt=PROMPT,
     ),
+    Case(
+        "repetition_and_min_tokens",
+        {"temperature": 0, "repetition_penalty": 1.3, "min_tokens": 12, "max_tokens": 16},
+        messages=SHORT_ANSWER,
+    ),
+    Case("min_p", {"temperature": 1.0, "top_p": 1.0, "seed": 99, "min_p": 0.2, "max_tokens": 24}),
+    # Token ids are the served tokenizer's (resolved when the case runs).
+    Case("stop_token_ids", {"temperature": 0, "max_tokens": 48, "stop_token_ids": [Tok(".")]}),
+    Case(
+        "logit_bias", {"temperature": 0, "max_tokens": 24, "logit_bias": {Tok(" the"): -100, Tok(","): -100}}
+    ),
+    Case(
+        "json_schema",
+        {
+            "temperature": 0,
+            "max_tokens": 48,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "order",
+                    "schema": {
+                        "type": "object",
+                        "properties": {"order_id": {"type": "integer"}, "status": {"type": "string"}},
+                        "required": ["order_id", "status"],
+                    },
+                },
+            },
+        },
+        messages=[{"role": "user", "content": "Order 12345 has shipped. Describe it as JSON."}],
+    ),
+    # Parameters vLLM does not know are ignored by both.
+    Case(
+        "unknown_parameters", {"temperature": 0, "max_tokens": 16, "surprise": True, "metadata": {"a": "b"}}
+    ),
 ]
 
 
@@ -147,10 +204,11 @@ def endpoints(vllm_serve, vllm_stack) -> tuple[Endpoint, Endpoint]:
 
 def _request(case: Case, mode: str) -> tuple[str, dict[str, Any]]:
     """The endpoint and the body."""
+    sampling = _token_ids(case.body)
     if case.prompt is not None:
-        path, body = "/v1/completions", {"model": "stable", "prompt": case.prompt, **case.body}
+        path, body = "/v1/completions", {"model": "stable", "prompt": case.prompt, **sampling}
     else:
-        path, body = "/v1/chat/completions", {"model": "stable", "messages": case.messages, **case.body}
+        path, body = "/v1/chat/completions", {"model": "stable", "messages": case.messages, **sampling}
     if mode != "whole":
         body["stream"] = True
     if mode == "stream_with_usage":

@@ -179,17 +179,27 @@ def _text(deltas: list[Delta]) -> str:
     return "".join(delta.text for delta in deltas)
 
 
-def test_a_continued_answer_goes_on_after_its_text_without_repeating_it(vllm_engine: EngineOnLoop) -> None:
+@pytest.mark.parametrize(
+    "penalties",
+    [{}, {"frequency_penalty": 1.0}, {"frequency_penalty": 0.5, "repetition_penalty": 1.2}],
+    ids=["plain", "frequency", "frequency-and-repetition"],
+)
+def test_a_continued_answer_goes_on_after_its_text_without_repeating_it(
+    vllm_engine: EngineOnLoop, penalties: dict[str, float]
+) -> None:
     """What a preempted answer resumes with: greedy, the continuation is the rest of the answer
-    the engine would have written, and the token limit counts what was already written."""
+    the engine would have written, penalties counting the tokens written before the pause, and
+    the token limit counts what was already written."""
     engine = vllm_engine.engine
-    whole = vllm_engine.run(_collect(engine, _request("continued-whole", LONG_ANSWER, 24)))
+    sampling = SamplingParams(max_tokens=24, temperature=0.0, top_p=1.0, **penalties)
+    label = "-".join(penalties) or "plain"
+    whole = vllm_engine.run(_collect(engine, _sampled(f"continued-whole-{label}", LONG_ANSWER, sampling)))
     cut = next(n for n, d in enumerate(whole) if d.output_tokens >= 8) + 1
     written = Continuation(text=_text(whole[:cut]), output_tokens=whole[cut - 1].output_tokens)
     resumed = GenerationRequest(
-        request_id="continued-rest",
+        request_id=f"continued-rest-{label}",
         messages=[{"role": "user", "content": LONG_ANSWER}],
-        sampling=SamplingParams(max_tokens=24, temperature=0.0, top_p=1.0),
+        sampling=sampling,
         continuation=written,
     )
     rest = vllm_engine.run(_collect(engine, resumed))

@@ -16,6 +16,7 @@ from asgiref.sync import async_to_sync, sync_to_async
 
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 from inference.engines.simulated import SimulatedEngine, simulated_answer_tokens
+from inference.metrics import PREEMPTIONS
 from inference.worker import InferenceWorker, WorkerConfig, _Running
 from scheduler import control, keys
 from scheduler.admission import request_submit
@@ -249,6 +250,111 @@ def test_a_job_finished_before_its_worker_could_acknowledge_it_is_only_acknowled
     assert _pending() == 0
 
 
+def _with_queue(worker: InferenceWorker, body: Callable[[], Awaitable[Any]]) -> Any:
+    """Run `body` with the worker's queue and publisher set up as `run()` sets them."""
+
+    async def scenario() -> Any:
+        client = new_async_redis()
+        worker.queue = JobQueue(client, model=MODEL, consumer=worker.worker_id)
+        worker.publisher = ResultPublisher(client)
+        publishing = asyncio.create_task(worker.publisher.run())
+        try:
+            await worker.queue.ensure_groups()
+            return await body()
+        finally:
+            publishing.cancel()
+            await client.aclose()
+
+    return async_to_sync(scenario)()
+
+
+def test_a_job_out_of_attempts_is_dead_lettered_and_its_client_told():
+    request_id = _submit()
+    worker = _worker(ScriptedEngine("never "), lease_s=0.3, max_attempts=1)
+
+    async def a_dead_worker_held_it_then_the_lease_loop_runs() -> None:
+        dead = JobQueue(worker.queue.client, model=MODEL, consumer="dead-worker")
+        await dead.claim(total=1, per_tier=dict.fromkeys(Tier, 1))  # its first and only attempt
+        upkeep = asyncio.create_task(worker._lease_loop())
+        try:
+            await _until(lambda: _events(request_id)[-1][0] == "error", "the client told")
+        finally:
+            upkeep.cancel()
+
+    _with_queue(worker, a_dead_worker_held_it_then_the_lease_loop_runs)
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.error_code) == ("error", "failed")
+    assert _events(request_id)[-1] == ("error", {"code": "failed", "message": answer.error_message})
+    [(_, letter)] = sync_redis().xrange(keys.dead_letter(MODEL))
+    assert (letter["request_id"], letter["reason"], letter["attempts"]) == (request_id, "max_attempts", "1")
+    assert (_pending(), _in_flight(), worker.running) == (0, 0, {})
+
+
+def test_a_draining_worker_hands_an_unfinished_answer_back_to_the_queue():
+    request_id = _submit()
+    engine = ScriptedEngine("Half ", then=HANG)
+    worker = _worker(engine, drain_timeout_s=0.2)
+
+    async def start_then_drain() -> list[Job]:
+        [job] = await worker.queue.claim(total=1, per_tier=dict.fromkeys(Tier, 1))
+        await worker._start_jobs([job])
+        await engine.wrote_all.wait()
+        worker.drain()
+        await worker._finish_running()
+        other = JobQueue(worker.queue.client, model=MODEL, consumer="another-worker")
+        runnable, exhausted = await other.reclaim_expired(lease_s=30.0, max_count=1, max_attempts=1)
+        assert exhausted == []
+        return runnable
+
+    [taken_over] = _with_queue(worker, start_then_drain)
+    # At once, not after the lease, and not counted as a failed attempt.
+    assert (taken_over.request_id, taken_over.attempt) == (request_id, 1)
+    assert Generation.objects.get(request_id=request_id).status == "pending"
+    assert _events(request_id)[-1][0] == "token"  # no end: the next worker resets and restarts
+
+
+def test_a_job_that_fails_unexpectedly_frees_its_slot_and_waits_for_its_lease():
+    request_id = _submit()
+    worker = _worker(ScriptedEngine("Oops ", then=RuntimeError("a bug")))
+    _serve(worker)
+    assert worker.running == {}  # its slot is free for the next job
+    assert Generation.objects.get(request_id=request_id).status == "pending"
+    assert _events(request_id)[-1][0] == "token"
+    assert _pending() == 1  # unacknowledged: taken over after its lease, up to max_attempts
+
+
+def test_a_stopping_worker_gives_up_on_redis_at_its_deadline_and_a_serving_one_waits_it_out():
+    import redis
+
+    from inference.worker import RedisGaveUp
+
+    failures = 0
+
+    async def redis_down_for_three_tries() -> str:
+        nonlocal failures
+        failures += 1
+        if failures <= 3:
+            raise redis.ConnectionError("down")
+        return "written"
+
+    async def never_up() -> str:
+        raise redis.ConnectionError("down")
+
+    async def scenario() -> tuple[str, float]:
+        worker = _worker(ScriptedEngine())
+        written = await worker._retrying(redis_down_for_three_tries)
+        loop = asyncio.get_running_loop()
+        worker._give_up_at = loop.time() + 0.3  # as drain() sets it
+        started = loop.time()
+        with pytest.raises(RedisGaveUp):
+            await worker._retrying(never_up)
+        return written, loop.time() - started
+
+    written, gave_up_after_s = asyncio.run(scenario())
+    assert (written, failures) == ("written", 4)
+    assert gave_up_after_s < 5.0  # at its deadline, not after Redis's own retries
+
+
 def test_a_second_finish_of_the_same_generation_changes_nothing():
     request_id = _submit()
     _serve(_worker(ScriptedEngine("First.")))
@@ -375,6 +481,16 @@ def test_answers_that_would_not_resume_as_they_were_are_never_preempted():
         entry.job = dataclasses.replace(
             entry.job, generation=dataclasses.replace(entry.job.generation, sampling=sampling)
         )
+    # A frequency penalty resumes as it was (the engine counts the tokens written before the
+    # pause): that answer is the one paused; a presence penalty would not.
+    assert worker._preemption_victim() is penalised
+    penalised.job = dataclasses.replace(
+        penalised.job,
+        generation=dataclasses.replace(
+            penalised.job.generation,
+            sampling=SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0, presence_penalty=0.5),
+        ),
+    )
     assert worker._preemption_victim() is None
     # Greedy decoding ignores the seed: that answer resumes as it was.
     seeded.job = dataclasses.replace(
@@ -392,36 +508,51 @@ def test_without_vip_preemption_nothing_is_preempted():
     assert worker._preemption_victim() is None
 
 
-def test_a_vip_job_on_a_full_worker_starts_at_once_and_the_paused_answer_goes_on_where_it_was():
-    """One slot, held by a normal answer: the VIP job takes it before the answer ends, and
-    the normal answer then finishes once, its text whole, with no token twice and no reset."""
-    tokens = 16
+VIP_AFTER_NORMAL_TOKENS = 16
+
+
+def _one_slot_worker(*, answer_s: float, vip_preempt_after_s: float) -> InferenceWorker:
+    """One slot, VIP reserving none; each answer is 16 tokens over `answer_s`."""
     engine = SimulatedEngine(
         max_num_seqs=1,
         prefill_s_per_token=0.0,
-        decode_base_s=0.05,  # 0.8 s an answer
+        decode_base_s=answer_s / VIP_AFTER_NORMAL_TOKENS,
         decode_per_seq_s=0.0,
-        output_tokens=tokens,
+        output_tokens=VIP_AFTER_NORMAL_TOKENS,
     )
-    worker = _worker(engine, vip_reserved_slots=0, heartbeat_s=0.2)
-    normal = _submit(Tier.NORMAL)
+    return _worker(engine, vip_reserved_slots=0, heartbeat_s=0.2, vip_preempt_after_s=vip_preempt_after_s)
 
-    def kinds(request_id: str) -> list[str]:
-        return [kind for kind, _ in _events(request_id)]
+
+def _kinds(request_id: str) -> list[str]:
+    return [kind for kind, _ in _events(request_id)]
+
+
+def _vip_after_normal(*, answer_s: float, vip_preempt_after_s: float) -> tuple[str, str]:
+    """One slot, held by a normal answer of `answer_s`; a VIP job queued once it is under way.
+    Returns (normal, vip) request ids once both answers are done."""
+    worker = _one_slot_worker(answer_s=answer_s, vip_preempt_after_s=vip_preempt_after_s)
+    normal = _submit(Tier.NORMAL)
 
     async def scenario() -> str:
         running = asyncio.create_task(worker.run())
         try:
-            await _until(lambda: kinds(normal).count("token") >= 3, "the normal answer to be under way")
+            await _until(lambda: _kinds(normal).count("token") >= 2, "the normal answer to be under way")
             vip = await sync_to_async(_submit)(Tier.VIP)
-            await _until(lambda: kinds(vip)[-1:] == ["done"], "the VIP answer")
-            await _until(lambda: kinds(normal)[-1:] == ["done"], "the normal answer")
+            await _until(lambda: _kinds(vip)[-1:] == ["done"], "the VIP answer")
+            await _until(lambda: _kinds(normal)[-1:] == ["done"], "the normal answer")
             return vip
         finally:
             worker.drain()
             await running
 
-    vip = async_to_sync(scenario)()
+    return normal, async_to_sync(scenario)()
+
+
+def test_a_vip_job_on_a_full_worker_starts_at_once_and_the_paused_answer_goes_on_where_it_was():
+    """One slot, held by a normal answer: the VIP job takes it before the answer ends, and
+    the normal answer then finishes once, its text whole, with no token twice and no reset."""
+    tokens = VIP_AFTER_NORMAL_TOKENS
+    normal, vip = _vip_after_normal(answer_s=0.8, vip_preempt_after_s=0.0)
     normal_events = _events(normal)
     vip_events = _events(vip)
     # The VIP answer had its first token before the normal one ended: the one slot was its.
@@ -429,7 +560,7 @@ def test_a_vip_job_on_a_full_worker_starts_at_once_and_the_paused_answer_goes_on
     vip_entry_ids = [entry_id for entry_id, _ in sync_redis().xrange(keys.result(MODEL, vip))]
     normal_done_id = sync_redis().xrange(keys.result(MODEL, normal))[-1][0]
     assert _entry_ms(vip_entry_ids[first_vip_token]) < _entry_ms(normal_done_id)
-    assert "reset" not in kinds(normal)
+    assert "reset" not in _kinds(normal)
     normal_tokens = [data for kind, data in normal_events if kind == "token"]
     assert [t["seq"] for t in normal_tokens] == list(range(tokens))
     job = generation_job(normal)
@@ -437,7 +568,67 @@ def test_a_vip_job_on_a_full_worker_starts_at_once_and_the_paused_answer_goes_on
     assert "".join(t["text"] for t in normal_tokens) == expected
     answer = Generation.objects.get(request_id=normal)
     assert (answer.status, answer.text, answer.completion_tokens) == ("done", expected, tokens)
-    assert kinds(normal).count("done") == 1 and kinds(normal).count("start") == 1
+    assert _kinds(normal).count("done") == 1 and _kinds(normal).count("start") == 1
+    assert (_pending(Tier.NORMAL), _pending(Tier.VIP)) == (0, 0)
+
+
+def _first_token_ms(request_id: str) -> float:
+    entries = sync_redis().xrange(keys.result(MODEL, request_id))
+    return _entry_ms(next(entry_id for entry_id, fields in entries if fields["type"] == "token"))
+
+
+def _done_ms(request_id: str) -> float:
+    return _entry_ms(sync_redis().xrange(keys.result(MODEL, request_id))[-1][0])
+
+
+def _preemptions() -> float:
+    """Answers paused for a VIP job in this process so far (the counter is process-wide)."""
+    return sum(sample.value for sample in PREEMPTIONS.collect()[0].samples if sample.name.endswith("_total"))
+
+
+def test_a_vip_job_waits_out_its_grace_for_a_slot_to_turn_over_and_pauses_nothing():
+    before = _preemptions()
+    normal, vip = _vip_after_normal(answer_s=0.8, vip_preempt_after_s=30.0)
+    assert _first_token_ms(vip) > _done_ms(normal)  # it took the slot the normal answer left
+    assert _preemptions() == before
+    assert _kinds(normal).count("start") == 1
+    assert (_pending(Tier.NORMAL), _pending(Tier.VIP)) == (0, 0)
+
+
+def test_a_vip_job_whose_grace_runs_out_pauses_the_normal_answer():
+    before = _preemptions()
+    normal, vip = _vip_after_normal(answer_s=4.0, vip_preempt_after_s=0.2)
+    assert _first_token_ms(vip) < _done_ms(normal)
+    assert _preemptions() == before + 1
+    assert Generation.objects.get(request_id=normal).status == "done"
+
+
+def test_a_vip_job_cancelled_while_it_waits_out_its_grace_ends_at_once_and_pauses_nothing():
+    before = _preemptions()
+    worker = _one_slot_worker(answer_s=4.0, vip_preempt_after_s=30.0)
+    normal = _submit(Tier.NORMAL)
+
+    async def scenario() -> str:
+        running = asyncio.create_task(worker.run())
+        try:
+            await _until(lambda: _kinds(normal).count("token") >= 2, "the normal answer to be under way")
+            vip = await sync_to_async(_submit)(Tier.VIP)
+            await _until(lambda: _pending(Tier.VIP) == 1, "the worker to claim the VIP job and hold it")
+            worker.cancel(vip)
+            await _until(lambda: _events(vip)[-1][0] == "done", "the cancelled VIP job to end")
+            assert _events(normal)[-1][0] == "token"  # the normal answer was still being written
+            await _until(lambda: _events(normal)[-1][0] == "done", "the normal answer to end")
+            return vip
+        finally:
+            worker.drain()
+            await running
+
+    vip = async_to_sync(scenario)()
+    assert _events(vip)[-1][1]["finish_reason"] == "cancelled"
+    assert "token" not in _kinds(vip)
+    assert Generation.objects.get(request_id=vip).status == "cancelled"
+    assert _preemptions() == before
+    assert Generation.objects.get(request_id=normal).status == "done"
     assert (_pending(Tier.NORMAL), _pending(Tier.VIP)) == (0, 0)
 
 

@@ -20,6 +20,7 @@ import psycopg
 import pytest
 import redis
 
+from scheduler.generation import AnswerFold, Reset, Token, event_decode
 from tests.e2e.client import ChatClient
 from tests.multihost.topology import MASTER_NAME, MultiHost
 
@@ -33,12 +34,15 @@ class Followed:
     """What an EventSource through nginx saw of one answer, across reconnects."""
 
     request_id: str
-    seqs: list[int] = field(default_factory=list)
-    text: list[str] = field(default_factory=list)
+    answer: AnswerFold = field(default_factory=AnswerFold)
+    tokens: int = 0  # token events read since the last reset, repeats included
     last_id: str | None = None
-    terminal: str | None = None
     dropped_at: float | None = None
     resumed_at: float | None = None  # first token after the first drop
+
+    @property
+    def terminal(self) -> str | None:
+        return None if self.answer.end is None else self.answer.end.type
 
 
 async def _follow(client: ChatClient, followed: Followed) -> None:
@@ -78,16 +82,16 @@ def _take(followed: Followed, fields: dict[str, str]) -> None:
     if "event" not in fields:
         return
     followed.last_id = fields.get("id", followed.last_id)
-    data = json.loads(fields["data"])
-    if fields["event"] == "token":
-        followed.seqs.append(data["seq"])
-        followed.text.append(data["text"])
+    if fields["event"] == "status":
+        return  # the relay's own; the rest are result events
+    body = event_decode(fields["event"], json.loads(fields["data"]))
+    followed.answer.add(body)
+    if isinstance(body, Token):
+        followed.tokens += 1
         if followed.dropped_at is not None and followed.resumed_at is None:
             followed.resumed_at = time.monotonic()
-    elif fields["event"] == "reset":
-        followed.seqs, followed.text = [], []
-    elif fields["event"] in {"done", "error"}:
-        followed.terminal = fields["event"]
+    elif isinstance(body, Reset):
+        followed.tokens = 0
 
 
 async def _ask(hosts: MultiHost, count: int) -> list[tuple[ChatClient, str]]:
@@ -157,7 +161,7 @@ def test_a_web_host_dies_mid_answer_and_its_streams_resume_exactly_on_the_other(
         readers = [
             asyncio.create_task(_follow(client, f)) for (client, _), f in zip(asked, followed, strict=True)
         ]
-        await _until(lambda: all(len(f.seqs) >= 5 for f in followed), "every answer streaming")
+        await _until(lambda: all(f.tokens >= 5 for f in followed), "every answer streaming")
         killed_at = time.monotonic()
         hosts.kill("web1")
         await asyncio.wait_for(asyncio.gather(*readers), DEADLINE_S)
@@ -169,8 +173,8 @@ def test_a_web_host_dies_mid_answer_and_its_streams_resume_exactly_on_the_other(
         stored = _stored(hosts, [f.request_id for f in followed])
         for f in followed:
             assert f.terminal == "done"
-            assert f.seqs == list(range(len(f.seqs))), f"{f.request_id}: lost or repeated tokens"
-            assert stored[f.request_id] == [("done", "".join(f.text))]
+            assert (f.answer.repeated, f.answer.skipped) == (0, 0), f"{f.request_id}: lost or repeated tokens"
+            assert stored[f.request_id] == [("done", f.answer.text)]
         flowing_again_s = max(f.resumed_at - killed_at for f in dropped if f.resumed_at is not None)
         print(
             f"\nweb host killed: {len(dropped)} of {len(followed)} streams moved to the other web host; "
@@ -193,7 +197,7 @@ def test_a_worker_host_dies_mid_answer_and_the_other_finishes_its_jobs_once(host
         readers = [
             asyncio.create_task(_follow(client, f)) for (client, _), f in zip(asked, followed, strict=True)
         ]
-        await _until(lambda: all(len(f.seqs) >= 3 for f in followed), "every answer streaming")
+        await _until(lambda: all(f.tokens >= 3 for f in followed), "every answer streaming")
         hosts.kill("worker1")
         await asyncio.wait_for(asyncio.gather(*readers), DEADLINE_S)
         for client, _ in asked:
@@ -201,7 +205,7 @@ def test_a_worker_host_dies_mid_answer_and_the_other_finishes_its_jobs_once(host
         stored = _stored(hosts, [f.request_id for f in followed])
         for f in followed:
             assert f.terminal == "done"
-            assert stored[f.request_id] == [("done", "".join(f.text))], "stored once, as streamed"
+            assert stored[f.request_id] == [("done", f.answer.text)], "stored once, as streamed"
 
     try:
         asyncio.run(scenario())

@@ -50,6 +50,16 @@ def test_a_policy_from_the_environment_that_cannot_work_stops_the_check_with_wha
     assert "Set the longest predicted wait admitted (wait_slo_s) at or below the expiry" in str(refused.value)
 
 
+def test_policies_for_other_tiers_than_the_schedulers_are_refused(settings):
+    policies = dict(settings.RATE_LIMIT_POLICIES)
+    policies["gold"] = policies.pop("vip")
+    settings.RATE_LIMIT_POLICIES = policies
+    with pytest.raises(SystemCheckError) as refused:
+        call_command("check")
+    assert "(scheduler.E005)" in str(refused.value)
+    assert "'gold'" in str(refused.value)
+
+
 @pytest.mark.django_db
 def test_a_stored_policy_is_checked_against_todays_settings():
     # Saved when the generation timeout was shorter; the longer one no longer fits the proxy.

@@ -5,8 +5,10 @@ admission and gone when admission refuses."""
 import json
 
 import pytest
+from django.test import override_settings
 
-from scheduler.admission import AdmissionRefused, request_submit
+from scheduler import keys
+from scheduler.admission import CACHE, AdmissionRefused, KnownAnswer, request_answer_known, request_submit
 from scheduler.generation import (
     AnswerFold,
     Done,
@@ -29,6 +31,7 @@ from scheduler.generation import (
 )
 from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
+from scheduler.redis import sync_redis
 from scheduler.services import GenerationOutcome, generation_finish
 from tests.generation_jobs import MODEL, generation_job
 
@@ -143,6 +146,18 @@ def test_the_fold_hands_out_new_text_once_and_notices_a_reset_after_text_went_ou
     assert answer.restarted_after_sending
 
 
+def test_the_fold_drops_a_repeated_token_and_counts_a_gap():
+    """A stream resumed from too far back repeats tokens; one resumed from too far ahead
+    skips some: a reader sees neither twice in its text, and a checker sees both counted."""
+    answer = AnswerFold().add_all(
+        [Token(0, "Your "), Token(1, "order "), Token(1, "order "), Token(3, "today.")]
+    )
+    assert (answer.text, answer.repeated, answer.skipped) == ("Your order today.", 1, 1)
+    answer.add(Reset(reason="worker_restarted", attempt=2))
+    answer.add(Token(0, "Again."))
+    assert (answer.text, answer.resets) == ("Again.", 1)
+
+
 @pytest.mark.django_db
 def test_an_admitted_request_has_a_pending_record():
     job = generation_job(tier=Tier.VIP, variant="candidate", client_id="key:3", origin=Origin.API)
@@ -176,3 +191,39 @@ def test_an_answer_with_a_nul_character_is_stored_all_the_same():
     outcome = GenerationOutcome(status=Generation.Status.DONE, text="a\x00b", finish_reason="stop")
     assert generation_finish(request_id=job.request_id, outcome=outcome)
     assert Generation.objects.get(request_id=job.request_id).text == "a\ufffdb"
+
+
+_CACHED = KnownAnswer(
+    "Orders ship in 2 days.", CACHE, lookup_ms=3.0, completion_tokens=6, cache="exact", saved_engine_ms=900.0
+)
+
+
+@pytest.mark.django_db
+def test_an_answer_from_the_cache_is_recorded_and_streamed_as_a_workers_would_be():
+    job = generation_job()
+    request_answer_known(job=job, answer=_CACHED)
+    record = Generation.objects.get(request_id=job.request_id)
+    assert (record.status, record.text, record.engine, record.cache) == (
+        "done",
+        _CACHED.text,
+        "cache",
+        "exact",
+    )
+    assert (record.cache_lookup_ms, record.saved_engine_ms, record.completion_tokens) == (3.0, 900.0, 6)
+    entries = sync_redis().xrange(keys.result(MODEL, job.request_id))
+    bodies = [event_decode(fields["type"], json.loads(fields["data"])) for _, fields in entries]
+    answer = AnswerFold().add_all(bodies)
+    assert (answer.text, answer.end.cached) == (_CACHED.text, True)
+
+
+@pytest.mark.django_db
+def test_an_answer_from_the_cache_that_redis_cannot_take_leaves_no_record():
+    job = generation_job()
+    sync_redis.cache_clear()
+    try:
+        with override_settings(REDIS_URL="redis://127.0.0.1:1/0"), pytest.raises(AdmissionRefused) as refused:
+            request_answer_known(job=job, answer=_CACHED)
+    finally:
+        sync_redis.cache_clear()
+    assert refused.value.status == 503
+    assert not Generation.objects.filter(request_id=job.request_id).exists()

@@ -1,8 +1,11 @@
 import asyncio
 import time
 
+import pytest
+
 from scheduler import keys
 from scheduler.queues import JobQueue, job_enqueue
+from scheduler.rate_limits import Bucket, RateCharge
 from scheduler.redis import new_async_redis, sync_redis
 from tests.generation_jobs import MODEL, generation_job
 
@@ -175,3 +178,59 @@ def test_dead_workers_are_forgotten_once_they_hold_no_job_and_live_ones_are_kept
     assert [j.request_id for j in runnable] == [job.request_id]
     # Once its job is taken over, it is forgotten too.
     assert second == ({"live": 1}, {"live"})
+
+
+def _charged_enqueue(request_id: str, bucket: Bucket, *, max_queued: int = 100, tokens: int = 0):
+    charge = RateCharge(
+        buckets=(bucket,),
+        inflight_key=keys.inflight("c1"),
+        max_inflight=100,
+        request_id=request_id,
+        lapse_s=60,
+        reservation=(keys.key_token_reservations("c1"), tokens) if tokens else None,
+    )
+    return job_enqueue(
+        tier="normal",
+        job=generation_job(request_id),
+        max_queued=max_queued,
+        wait_slo_s=1000,
+        max_wait_s=60,
+        charge=charge,
+    )
+
+
+def _queue_length() -> int:
+    return sync_redis().xlen(keys.queue(MODEL, "normal"))
+
+
+def test_a_charged_enqueue_takes_the_rate_limit_and_queues_the_job_in_one_step():
+    bucket = Bucket(keys.bucket_user("c1"), "user", capacity=10, refill_per_s=0.001, cost=3)
+    queued = _charged_enqueue("r1", bucket, tokens=3)
+    assert (queued.admitted, queued.position) == (True, 1)
+    assert queued.rate is not None and queued.rate.allowed
+    assert queued.rate.levels == pytest.approx((7,), abs=0.01)  # after the charge
+    assert sync_redis().zscore(keys.inflight("c1"), "r1") is not None
+    assert sync_redis().hget(keys.key_token_reservations("c1"), "r1") == "3"
+    assert _queue_length() == 1
+
+
+def test_a_rate_limit_refusal_queues_nothing():
+    bucket = Bucket(keys.bucket_user("c1"), "user", capacity=1, refill_per_s=0.001)
+    assert _charged_enqueue("r1", bucket).admitted
+    refused = _charged_enqueue("r2", bucket)
+    assert (refused.admitted, refused.refusal) == (False, "rate_limited")
+    assert refused.rate is not None and refused.rate.limited_by == "user"
+    assert _queue_length() == 1
+    assert sync_redis().zscore(keys.inflight("c1"), "r2") is None
+
+
+def test_a_queue_refusal_charges_nothing():
+    bucket = Bucket(keys.bucket_user("c1"), "user", capacity=10, refill_per_s=0.001)
+    assert _charged_enqueue("r1", bucket, max_queued=1, tokens=5).admitted
+    for n in range(3):
+        refused = _charged_enqueue(f"full-{n}", bucket, max_queued=1, tokens=5)
+        assert (refused.admitted, refused.refusal, refused.rate) == (False, "queue_full", None)
+    # Not a token, a place among the unfinished requests or a reservation was taken by them.
+    assert float(sync_redis().hget(keys.bucket_user("c1"), "tokens")) == pytest.approx(9, abs=0.01)
+    assert sync_redis().zrange(keys.inflight("c1"), 0, -1) == ["r1"]
+    assert sync_redis().hkeys(keys.key_token_reservations("c1")) == ["r1"]

@@ -1,7 +1,7 @@
 import pytest
 
 from scheduler import keys
-from scheduler.rate_limits import Bucket, rate_limit_refund, rate_limit_take
+from scheduler.rate_limits import Bucket, RateCharge, rate_limit_take
 from scheduler.redis import sync_redis
 
 
@@ -12,11 +12,13 @@ def _bucket(name: str, capacity: float, refill: float) -> Bucket:
 def _take(buckets, client="c", max_inflight=100, request_id=None):
     _take.n = getattr(_take, "n", 0) + 1
     return rate_limit_take(
-        buckets,
-        inflight_key=keys.inflight(client),
-        max_inflight=max_inflight,
-        request_id=request_id or f"r{_take.n}",
-        lapse_s=60,
+        RateCharge(
+            buckets=tuple(buckets),
+            inflight_key=keys.inflight(client),
+            max_inflight=max_inflight,
+            request_id=request_id or f"r{_take.n}",
+            lapse_s=60,
+        )
     )
 
 
@@ -56,13 +58,6 @@ def test_a_client_may_have_only_so_many_unfinished_requests():
     assert (refused.allowed, refused.limited_by) == (False, "concurrency")
     sync_redis().zrem(keys.inflight("c"), "one")  # what the worker does when "one" finishes
     assert _take([roomy], max_inflight=2, request_id="three").allowed
-
-
-def test_a_refund_gives_back_the_token_and_the_concurrency_place():
-    bucket = _bucket("refunded", capacity=1, refill=0.001)
-    assert _take([bucket], max_inflight=1, request_id="x").allowed
-    rate_limit_refund([bucket], inflight_key=keys.inflight("c"), request_id="x")
-    assert _take([bucket], max_inflight=1, request_id="y").allowed
 
 
 def test_a_bucket_charges_its_own_cost_and_reports_every_level():

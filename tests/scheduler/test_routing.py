@@ -1,14 +1,15 @@
 """Canary routing: the split decides per conversation, stickily, from the Redis mirror."""
 
+import time
 import uuid
 
 import pytest
 from django.test import override_settings
 
 from scheduler import keys, routing
-from scheduler.models import CanaryRouting
+from scheduler.models import CanaryRouting, Variant
 from scheduler.redis import sync_redis
-from scheduler.routing import canary_mirror, conversation_bucket, variant_for
+from scheduler.routing import canary_mirror, conversation_bucket, variant_for, variant_for_conversation
 
 pytestmark = pytest.mark.django_db
 
@@ -72,3 +73,19 @@ def test_with_redis_unreachable_the_split_is_read_from_the_database():
             assert variant_for(conversation_id=CONVERSATIONS[0]) == "candidate"
     finally:
         sync_redis.cache_clear()
+
+
+@pytest.mark.usefixtures("variants")
+def test_a_variant_is_read_once_a_second_and_again_at_once_when_it_is_saved(django_assert_num_queries):
+    conversation = CONVERSATIONS[0]
+    variant_for(conversation_id=conversation)  # the split, mirrored into Redis
+    with django_assert_num_queries(1):
+        first = variant_for_conversation(conversation_id=conversation)
+        assert variant_for_conversation(conversation_id=conversation) is first
+    stable = Variant.objects.get(name="stable")
+    stable.system_prompt = "Reply in one line."
+    stable.save()
+    assert variant_for_conversation(conversation_id=conversation).system_prompt == "Reply in one line."
+    routing._variants[first.name] = (time.monotonic() - routing.CACHE_S, first)  # a second ago
+    with django_assert_num_queries(1):
+        variant_for_conversation(conversation_id=conversation)

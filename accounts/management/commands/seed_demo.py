@@ -12,7 +12,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from chat.models import User
+from accounts.models import User
 from scheduler.generation import Tier
 
 CUSTOMERS = [

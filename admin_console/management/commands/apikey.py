@@ -9,10 +9,10 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from accounts.models import ACCOUNT_TIERS, User
 from admin_console import services as console_services
 from api import keys as api_keys
 from api.models import ApiKey
-from chat.models import ACCOUNT_TIERS, User
 
 
 class Command(BaseCommand):

@@ -1,0 +1,138 @@
+"""The answer stream, `GET /chat/stream/<request_id>`: a request's result events as server-sent
+events, served by Channels from the ASGI scope rather than by a Django view.
+
+A stream is opened for every answer and again on every reconnect (a dropped connection, a web
+host that died, a reloaded page), and all it needs is who the client is and whether the
+request is theirs. Through Django's handler an open cost about 12 ms of the web process's CPU:
+its per-request thread, and every middleware of the chain run in that thread before and after
+the view. Here the cookies are read from the scope, and the session, the account and the
+request's owner are read in one hop to a thread; the relay (chat.relay) is the same.
+
+Not Channels' `AsyncHttpConsumer`: it gives every connection a channel on the channel layer,
+which a stream does not use, and it reads no more messages from the client while `handle()`
+runs, so a client that left would not be noticed until its stream ended.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import AsyncIterator
+from contextlib import aclosing
+from importlib import import_module
+from types import SimpleNamespace
+from typing import TYPE_CHECKING
+from uuid import UUID
+
+from channels.db import database_sync_to_async
+from django.conf import settings
+from django.contrib import auth
+from django.db import OperationalError
+from django.http.cookie import parse_cookie
+
+from accounts.models import User
+from chat import guests, selectors
+from chat.models import Message
+from chat.relay import relay_events
+from chat.sse import SSE_HEADERS
+from scheduler.results import parse_event_id
+
+if TYPE_CHECKING:
+    from asgiref.typing import ASGIReceiveCallable, ASGISendCallable, HTTPScope
+
+logger = logging.getLogger(__name__)
+
+# Served by Channels, not by a view of the URLconf (chat/routing.py mounts it).
+_STREAM_PREFIX = "chat/stream/"
+STREAM_ROUTE = _STREAM_PREFIX + "<uuid:request_id>"
+
+
+def stream_url(request_id: UUID | str) -> str:
+    """Where the browser reads a request's answer."""
+    return f"/{_STREAM_PREFIX}{request_id}"
+
+
+_HEADERS = [
+    (b"content-type", b"text/event-stream"),
+    *((name.lower().encode(), value.encode()) for name, value in SSE_HEADERS.items()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"vary", b"Cookie"),
+]
+
+
+def _client(cookies: dict[str, str]) -> tuple[User | None, str]:
+    """The signed-in customer of the session cookie, or the key of the guest cookie."""
+    session_key = cookies.get(settings.SESSION_COOKIE_NAME)
+    if session_key:
+        session = import_module(settings.SESSION_ENGINE).SessionStore(session_key)
+        user = auth.get_user(SimpleNamespace(session=session))  # checks the session's password hash
+        if user.is_authenticated:
+            return user, ""
+    return None, guests.guest_key_in(cookies)
+
+
+def _owned_answer(request_id: UUID, cookies: dict[str, str]) -> Message:
+    """Raises Message.DoesNotExist for unknown requests and for other clients'."""
+    user, guest_key = _client(cookies)
+    return selectors.assistant_message_get(request_id=request_id, user=user, session_key=guest_key)
+
+
+_Headers = tuple[tuple[bytes, bytes], ...]
+
+
+async def _respond(send: ASGISendCallable, status: int, code: str, text: str, headers: _Headers = ()) -> None:
+    """An error in the chat's JSON shape."""
+    body = json.dumps({"error": {"code": code, "message": text}}).encode()
+    start = [(b"content-type", b"application/json"), *headers]
+    await send({"type": "http.response.start", "status": status, "headers": start})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def answer_stream(scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    if scope["method"] != "GET":
+        only_get = "Read an answer's stream with GET."
+        await _respond(send, 405, "method_not_allowed", only_get, ((b"allow", b"GET"),))
+        return
+    request_id: UUID = scope["url_route"]["kwargs"]["request_id"]  # type: ignore[typeddict-item]
+    headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+    cookies = parse_cookie(headers.get("cookie", ""))
+    try:
+        # One hop to a shared thread for the session, account and ownership reads together;
+        # it hands its database connection back, so an open stream holds none.
+        message = await database_sync_to_async(_owned_answer, thread_sensitive=False)(request_id, cookies)
+    except Message.DoesNotExist:
+        await _respond(send, 404, "not_found", "This request does not exist.")
+        return
+    except OperationalError as exc:
+        logger.warning("database busy, refused the stream of %s: %s", request_id, exc)
+        busy = "The service is busy. Please try again in a moment."
+        await _respond(send, 503, "database_busy", busy, ((b"retry-after", b"2"),))
+        return
+    events = relay_events(
+        model=message.generation.model,
+        request_id=str(request_id),
+        after_id=parse_event_id(headers.get("last-event-id")),
+    )
+    await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
+    relaying = asyncio.ensure_future(_relay(events, send))
+    leaving = asyncio.ensure_future(_disconnected(receive))
+    await asyncio.wait({relaying, leaving}, return_when=asyncio.FIRST_COMPLETED)
+    for task in (relaying, leaving):
+        task.cancel()
+    # A client that left cancels the relay, which stops counting it as a watcher.
+    relayed, _ = await asyncio.gather(relaying, leaving, return_exceptions=True)
+    if isinstance(relayed, Exception):
+        logger.error("the stream of %s failed", request_id, exc_info=relayed)
+
+
+async def _relay(events: AsyncIterator[bytes], send: ASGISendCallable) -> None:
+    async with aclosing(events):
+        async for frame in events:
+            await send({"type": "http.response.body", "body": frame, "more_body": True})
+    await send({"type": "http.response.body", "body": b""})
+
+
+async def _disconnected(receive: ASGIReceiveCallable) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
