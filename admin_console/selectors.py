@@ -46,6 +46,8 @@ class WorkerRow:
     simulated: bool
     running: int
     slots: int
+    paused: int  # answers paused for a VIP one, to resume where they were
+    vip_waiting: bool  # a VIP job claimed, waiting for a slot to turn over or be freed for it
     kv_cache_usage: float | None  # 0..1
     memory_used_bytes: int | None
     memory_total_bytes: int | None
@@ -64,6 +66,8 @@ class WorkerRow:
             simulated=info.engine.startswith("simulated"),
             running=info.running,
             slots=info.slots,
+            paused=state.get("paused", 0),
+            vip_waiting=bool(state.get("vip_waiting")),
             kv_cache_usage=state.get("kv_cache_usage"),
             memory_used_bytes=state.get("memory_used_bytes"),
             memory_total_bytes=state.get("memory_total_bytes"),

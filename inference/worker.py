@@ -687,6 +687,8 @@ class InferenceWorker:
                 "running": len(self._active()),
                 "running_vip": sum(1 for r in self.running.values() if r.job.tier == Tier.VIP),
                 "paused": sum(1 for r in self.running.values() if r.paused),
+                # Claimed, waiting out its grace for a slot: neither queued nor running.
+                "vip_waiting": int(self._held_vip is not None),
                 "draining": self.draining,
                 "spare": self.spare,
                 "engine_running": stats.running,

@@ -37,7 +37,9 @@ def client_staff(staff) -> Client:
     return client
 
 
-def heartbeat(variant: str, *, draining: bool = False, spare: bool = False) -> str:
+def heartbeat(
+    variant: str, *, draining: bool = False, spare: bool = False, paused: int = 0, vip_waiting: int = 0
+) -> str:
     """Make a worker serving the model of `variant` look alive (as its heartbeat would);
     returns its id."""
     worker_id = f"worker-{variant}-{next(_ids)}"
@@ -56,6 +58,8 @@ def heartbeat(variant: str, *, draining: bool = False, spare: bool = False) -> s
                     "running": 3,
                     "draining": draining,
                     "spare": spare,
+                    "paused": paused,
+                    "vip_waiting": vip_waiting,
                     "kv_cache_usage": 0.25,
                     "memory_used_bytes": 300 * 2**20,
                     "memory_total_bytes": 16 * 2**30,

@@ -117,6 +117,15 @@ def test_the_dashboard_shows_queues_and_workers(client_staff):
     assert 'hx-trigger="every 2s' in html
 
 
+def test_the_dashboard_shows_a_workers_paused_answers_and_its_vip_job_waiting_for_a_slot(client_staff):
+    heartbeat("stable")
+    busy = heartbeat("candidate", paused=2, vip_waiting=1)
+    html = client_staff.get("/console/").content.decode()
+    row = html.split(busy)[1].split("</tr>")[0]
+    assert "2 paused" in row and "VIP waiting for a slot" in row
+    assert html.count("VIP waiting for a slot") == 1  # the other worker holds none
+
+
 def test_the_dashboard_shows_the_workers_wanted_beside_the_live_ones(client_staff, settings):
     settings.SERVICE_TIME_PRIOR_S = 60.0  # 6 slots below VIP, 60 s an answer: 0.1 normal job/s
     heartbeat("stable")

@@ -614,9 +614,12 @@ def test_a_vip_job_cancelled_while_it_waits_out_its_grace_ends_at_once_and_pause
             await _until(lambda: _kinds(normal).count("token") >= 2, "the normal answer to be under way")
             vip = await sync_to_async(_submit)(Tier.VIP)
             await _until(lambda: _pending(Tier.VIP) == 1, "the worker to claim the VIP job and hold it")
+            await _until(lambda: _heartbeat(worker).get("vip_waiting") == 1, "its heartbeat to show it")
+            assert _heartbeat(worker)["running"] == 1
             worker.cancel(vip)
             await _until(lambda: _events(vip)[-1][0] == "done", "the cancelled VIP job to end")
             assert _events(normal)[-1][0] == "token"  # the normal answer was still being written
+            await _until(lambda: _heartbeat(worker).get("vip_waiting") == 0, "its heartbeat to show none")
             await _until(lambda: _events(normal)[-1][0] == "done", "the normal answer to end")
             return vip
         finally:
@@ -644,15 +647,16 @@ async def _until(condition: Callable[[], Any], what: str, timeout_s: float = 10.
     return value
 
 
+def _heartbeat(worker: InferenceWorker) -> dict:
+    raw = sync_redis().get(keys.worker_heartbeat(worker.worker_id))
+    return json.loads(raw) if raw else {}
+
+
 def test_a_spare_claims_nothing_and_adds_no_capacity_until_it_is_needed():
     WarmPool.objects.update_or_create(pk=1, defaults={"spares": 1})
     spares_mirror()
     request_id = _submit()
     worker = _worker(ScriptedEngine("Hello", " there"), heartbeat_s=0.1)
-
-    def heartbeat() -> dict:
-        raw = sync_redis().get(keys.worker_heartbeat(worker.worker_id))
-        return json.loads(raw) if raw else {}
 
     def capacity() -> str:
         return sync_redis().hget(keys.capacity(MODEL), worker.worker_id) or ""
@@ -663,15 +667,15 @@ def test_a_spare_claims_nothing_and_adds_no_capacity_until_it_is_needed():
         await serving_decide(client, model=MODEL, worker_id="serving-1", needed=1)
         running = asyncio.create_task(worker.run())
         try:
-            await _until(lambda: heartbeat().get("spare"), "the worker to report itself a spare")
+            await _until(lambda: _heartbeat(worker).get("spare"), "the worker to report itself a spare")
             await _until(lambda: capacity().startswith("0.0|0.0|"), "its capacity to read nothing")
-            seen = heartbeat()["last_seen"]
+            seen = _heartbeat(worker)["last_seen"]
             beats = 0
 
             def heartbeats_later() -> bool:
                 nonlocal seen, beats
-                if heartbeat()["last_seen"] != seen:
-                    seen, beats = heartbeat()["last_seen"], beats + 1
+                if _heartbeat(worker)["last_seen"] != seen:
+                    seen, beats = _heartbeat(worker)["last_seen"], beats + 1
                 return beats >= 3
 
             await _until(heartbeats_later, "three more heartbeats as a spare")
@@ -679,7 +683,7 @@ def test_a_spare_claims_nothing_and_adds_no_capacity_until_it_is_needed():
             # The serving worker stops: the spare takes its place and answers.
             await serving_leave(client, model=MODEL, worker_id="serving-1")
             await _until(lambda: _events(request_id)[-1][0] == "done", "the former spare to answer")
-            await _until(lambda: not heartbeat()["spare"], "its heartbeat to say it serves")
+            await _until(lambda: not _heartbeat(worker)["spare"], "its heartbeat to say it serves")
         finally:
             worker.drain()
             await running
