@@ -73,6 +73,8 @@ HAND_BACK_S = 5.0
 VIP_PREEMPT_POLL_S = 0.05
 # Which answers a VIP job preempts first: batch, then normal.
 _PREEMPT_ORDER = {Tier.BATCH: 0, Tier.NORMAL: 1}
+# How long a stopping worker waits for a cancelled task to end before it cancels it again.
+CANCEL_AGAIN_S = 0.1
 
 
 class RedisGaveUp(Exception):
@@ -207,7 +209,7 @@ class InferenceWorker:
         finally:
             for task in background:
                 task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await _cancelled_wait(background)
             await self.queue.recordings_wait()
             with contextlib.suppress(RedisGaveUp):
                 await self._retrying(
@@ -259,7 +261,7 @@ class InferenceWorker:
                 self.worker_id,
                 kept,
             )
-        await asyncio.gather(*(r.task for r in self.running.values() if r.task), return_exceptions=True)
+        await _cancelled_wait([r.task for r in self.running.values() if r.task is not None])
 
     # --- claiming ----------------------------------------------------------------------------
 
@@ -811,6 +813,22 @@ class InferenceWorker:
                 raise RedisGaveUp
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+async def _cancelled_wait(tasks: list[asyncio.Task]) -> None:
+    """Wait until the cancelled tasks have ended. A cancel can be lost: one that reaches a task
+    while it waits for a sync call (`database_sync_to_async`) may be swallowed by asgiref, which
+    then waits for the call and returns its result, and a loop goes on as if never told to stop.
+    So a task still running after CANCEL_AGAIN_S is cancelled again. What the tasks raised while
+    stopping is dropped, as `gather(return_exceptions=True)` would."""
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)
+        for task in pending:
+            task.cancel()
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()
 
 
 def _continuation(entry: _Running, last: Delta | None) -> Continuation | None:

@@ -2,6 +2,7 @@
 that vanish, and a burst far beyond capacity."""
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -131,17 +132,23 @@ def test_a_client_that_leaves_and_stays_away_is_cancelled_after_the_grace_period
 
 
 def test_a_burst_of_500_from_50_clients_gets_only_202_429_or_503_and_every_202_completes(stack):
-    async def client_burst(n: int):
-        async with ChatClient(stack.base_url) as guest:
-            await guest.open_page()
-            conversations = [await guest.new_conversation() for _ in range(10)]
-            responses = await asyncio.gather(*(guest.post_message(c, f"burst {n}") for c in conversations))
-            accepted = [r.json()["request_id"] for r in responses if r.status_code == 202]
-            streams = await asyncio.gather(*(guest.stream(r) for r in accepted))
-            return responses, list(zip(accepted, streams, strict=True))
+    async def guest_with_conversations(guest: ChatClient) -> list[str]:
+        await guest.open_page()
+        return [await guest.new_conversation() for _ in range(10)]
+
+    async def posts_and_streams(guest: ChatClient, conversations: list[str], n: int):
+        responses = await asyncio.gather(*(guest.post_message(c, f"burst {n}") for c in conversations))
+        accepted = [r.json()["request_id"] for r in responses if r.status_code == 202]
+        streams = await asyncio.gather(*(guest.stream(r) for r in accepted))
+        return responses, list(zip(accepted, streams, strict=True))
 
     async def scenario():
-        return await asyncio.gather(*(client_burst(n) for n in range(50)))
+        async with contextlib.AsyncExitStack() as guests_open:
+            guests = [await guests_open.enter_async_context(ChatClient(stack.base_url)) for _ in range(50)]
+            # Every guest has its page and its ten conversations first: the burst is the posts.
+            conversations = await asyncio.gather(*(guest_with_conversations(g) for g in guests))
+            pairs = zip(guests, conversations, strict=True)
+            return await asyncio.gather(*(posts_and_streams(g, c, n) for n, (g, c) in enumerate(pairs)))
 
     outcomes = asyncio.run(scenario())
     responses = [r for client_responses, _ in outcomes for r in client_responses]

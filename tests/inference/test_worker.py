@@ -20,7 +20,7 @@ from inference.metrics import PREEMPTIONS
 from inference.worker import InferenceWorker, WorkerConfig, _Running
 from scheduler import control, keys
 from scheduler.admission import request_submit
-from scheduler.generation import SamplingParams, StructuredOutput, Tier
+from scheduler.generation import Reset, SamplingParams, StructuredOutput, Tier
 from scheduler.models import Generation, WarmPool
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import new_async_redis, sync_redis
@@ -106,6 +106,9 @@ def _serve(
             if before is not None:
                 await before(worker, job)
             await asyncio.wait([task])
+            # Events are written in the order emitted: once this one is in Redis, so is all the
+            # job emitted (a job the engine died under ends before its last token is written).
+            await worker.publisher.emit(MODEL, "written-up-to-here", Reset(reason="test", attempt=0))
             return job
         finally:
             publishing.cancel()
@@ -353,6 +356,38 @@ def test_a_stopping_worker_gives_up_on_redis_at_its_deadline_and_a_serving_one_w
     written, gave_up_after_s = asyncio.run(scenario())
     assert (written, failures) == ("written", 4)
     assert gave_up_after_s < 5.0  # at its deadline, not after Redis's own retries
+
+
+def test_a_draining_worker_stops_even_when_a_call_swallows_the_cancel_of_its_heartbeat(monkeypatch):
+    """Seen with real Redis and database calls: a cancel caught inside a library call, and the
+    loop around it went on; the worker's run() then waited for that loop forever."""
+    from inference import worker as worker_module
+
+    heartbeat_write = worker_module.workers.heartbeat_write
+    entered, swallowed = asyncio.Event(), asyncio.Event()
+
+    async def swallowing_heartbeat_write(client, **kwargs) -> None:
+        if swallowed.is_set():
+            return await heartbeat_write(client, **kwargs)
+        entered.set()
+        try:
+            await asyncio.sleep(3600)  # a call the cancel reaches
+        except asyncio.CancelledError:
+            swallowed.set()  # and that catches it, as a library call did
+
+    monkeypatch.setattr(worker_module.workers, "heartbeat_write", swallowing_heartbeat_write)
+    worker = _worker(ScriptedEngine(), heartbeat_s=0.05)
+
+    async def scenario() -> None:
+        running = asyncio.create_task(worker.run())
+        await asyncio.wait_for(entered.wait(), 10.0)
+        worker.drain()
+        done, _ = await asyncio.wait([running], timeout=10.0)
+        assert done, "the worker did not stop"
+        running.result()
+
+    asyncio.run(scenario())
+    assert swallowed.is_set()
 
 
 def test_a_second_finish_of_the_same_generation_changes_nothing():
