@@ -408,7 +408,7 @@ class InferenceWorker:
         stopping.cancel()
         if not claiming.done():
             claiming.cancel()
-            await asyncio.gather(claiming, return_exceptions=True)
+            await _cancelled_wait([claiming])
             return []
         return claiming.result()
 
