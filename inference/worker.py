@@ -209,7 +209,7 @@ class InferenceWorker:
         finally:
             for task in background:
                 task.cancel()
-            await _cancelled_wait(background)
+            await _wait_for_cancelled(background, give_up_at=self._give_up_at)
             await self.queue.recordings_wait()
             with contextlib.suppress(RedisGaveUp):
                 await self._retrying(
@@ -261,7 +261,9 @@ class InferenceWorker:
                 self.worker_id,
                 kept,
             )
-        await _cancelled_wait([r.task for r in self.running.values() if r.task is not None])
+        await _wait_for_cancelled(
+            [r.task for r in self.running.values() if r.task is not None], give_up_at=self._give_up_at
+        )
 
     # --- claiming ----------------------------------------------------------------------------
 
@@ -401,14 +403,19 @@ class InferenceWorker:
 
     async def _unless_stopped(self, claim: Coroutine[Any, Any, list[Job]]) -> list[Job]:
         """Claim, unless told to stop first: an unresponsive Redis can hold a call for many
-        seconds. A claim cut short may leave jobs claimed; they are taken over after the lease."""
+        seconds. A claim cut short may leave jobs claimed; they are taken over after the lease.
+        One that ended with its jobs all the same hands them back."""
         claiming = asyncio.ensure_future(claim)
         stopping = asyncio.ensure_future(self._stopped.wait())
         await asyncio.wait({claiming, stopping}, return_when=asyncio.FIRST_COMPLETED)
         stopping.cancel()
         if not claiming.done():
             claiming.cancel()
-            await _cancelled_wait([claiming])
+            await _wait_for_cancelled([claiming], give_up_at=self._give_up_at)
+            if claiming.done() and not claiming.cancelled() and claiming.exception() is None:
+                for job in claiming.result():
+                    with contextlib.suppress(RedisGaveUp):
+                        await self._retrying(lambda job=job: self.queue.release(job))
             return []
         return claiming.result()
 
@@ -690,7 +697,7 @@ class InferenceWorker:
                 "running_vip": sum(1 for r in self.running.values() if r.job.tier == Tier.VIP),
                 "paused": sum(1 for r in self.running.values() if r.paused),
                 # Claimed, waiting out its grace for a slot: neither queued nor running.
-                "vip_waiting": int(self._held_vip is not None),
+                "vip_waiting": self._held_vip is not None,
                 "draining": self.draining,
                 "spare": self.spare,
                 "engine_running": stats.running,
@@ -815,20 +822,31 @@ class InferenceWorker:
             delay = min(delay * 2, 2.0)
 
 
-async def _cancelled_wait(tasks: list[asyncio.Task]) -> None:
-    """Wait until the cancelled tasks have ended. A cancel can be lost: one that reaches a task
-    while it waits for a sync call (`database_sync_to_async`) may be swallowed by asgiref, which
-    then waits for the call and returns its result, and a loop goes on as if never told to stop.
-    So a task still running after CANCEL_AGAIN_S is cancelled again. What the tasks raised while
-    stopping is dropped, as `gather(return_exceptions=True)` would."""
+async def _wait_for_cancelled(tasks: list[asyncio.Task], *, give_up_at: float | None) -> None:
+    """Wait until the cancelled tasks have ended. A cancel can be lost: in tests, a stopping
+    worker's heartbeat loop and its warm-pool loop each went on looping after their cancel, which
+    a call under them had caught (which call, not found yet), and the worker waited for them for
+    good. So a task still running CANCEL_AGAIN_S after its cancel is cancelled again (that can cut
+    its cleanup short, such as an engine request's abort: the engine shuts down next anyway),
+    until `give_up_at` (loop time; drain() sets it), when the worker stops waiting and names the
+    tasks left. What a task raised, other than its cancel, is logged."""
+    loop = asyncio.get_running_loop()
     pending = {task for task in tasks if not task.done()}
+    recancelled: set[asyncio.Task] = set()
     while pending:
         _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)
+        if pending and give_up_at is not None and loop.time() >= give_up_at:
+            logger.error("stopping without waiting for %s", ", ".join(sorted(t.get_name() for t in pending)))
+            return
         for task in pending:
+            if task not in recancelled:
+                logger.warning("task %s went on after its cancel; cancelling it again", task.get_name())
+                recancelled.add(task)
             task.cancel()
     for task in tasks:
-        if not task.cancelled():
-            task.exception()
+        error = None if task.cancelled() else task.exception()
+        if error is not None and not isinstance(error, RedisGaveUp):
+            logger.warning("task %s had failed: %r", task.get_name(), error)
 
 
 def _continuation(entry: _Running, last: Delta | None) -> Continuation | None:

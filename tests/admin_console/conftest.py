@@ -38,7 +38,7 @@ def client_staff(staff) -> Client:
 
 
 def heartbeat(
-    variant: str, *, draining: bool = False, spare: bool = False, paused: int = 0, vip_waiting: int = 0
+    variant: str, *, draining: bool = False, spare: bool = False, paused: int = 0, vip_waiting: bool = False
 ) -> str:
     """Make a worker serving the model of `variant` look alive (as its heartbeat would);
     returns its id."""

@@ -119,7 +119,7 @@ def test_the_dashboard_shows_queues_and_workers(client_staff):
 
 def test_the_dashboard_shows_a_workers_paused_answers_and_its_vip_job_waiting_for_a_slot(client_staff):
     heartbeat("stable")
-    busy = heartbeat("candidate", paused=2, vip_waiting=1)
+    busy = heartbeat("candidate", paused=2, vip_waiting=True)
     html = client_staff.get("/console/").content.decode()
     row = html.split(busy)[1].split("</tr>")[0]
     assert "2 paused" in row and "VIP waiting for a slot" in row

@@ -108,7 +108,8 @@ def _serve(
             await asyncio.wait([task])
             # Events are written in the order emitted: once this one is in Redis, so is all the
             # job emitted (a job the engine died under ends before its last token is written).
-            await worker.publisher.emit(MODEL, "written-up-to-here", Reset(reason="test", attempt=0))
+            marker = worker.publisher.emit(MODEL, "written-up-to-here", Reset(reason="test", attempt=0))
+            await asyncio.wait_for(marker, 10.0)
             return job
         finally:
             publishing.cancel()
@@ -388,6 +389,7 @@ def test_a_draining_worker_stops_even_when_a_call_swallows_the_cancel_of_its_hea
 
     asyncio.run(scenario())
     assert swallowed.is_set()
+    assert _heartbeat(worker) == {}  # and it stopped as it should: it left the registry
 
 
 def test_a_second_finish_of_the_same_generation_changes_nothing():
@@ -649,12 +651,12 @@ def test_a_vip_job_cancelled_while_it_waits_out_its_grace_ends_at_once_and_pause
             await _until(lambda: _kinds(normal).count("token") >= 2, "the normal answer to be under way")
             vip = await sync_to_async(_submit)(Tier.VIP)
             await _until(lambda: _pending(Tier.VIP) == 1, "the worker to claim the VIP job and hold it")
-            await _until(lambda: _heartbeat(worker).get("vip_waiting") == 1, "its heartbeat to show it")
+            await _until(lambda: _heartbeat(worker).get("vip_waiting") is True, "its heartbeat to show it")
             assert _heartbeat(worker)["running"] == 1
             worker.cancel(vip)
             await _until(lambda: _events(vip)[-1][0] == "done", "the cancelled VIP job to end")
             assert _events(normal)[-1][0] == "token"  # the normal answer was still being written
-            await _until(lambda: _heartbeat(worker).get("vip_waiting") == 0, "its heartbeat to show none")
+            await _until(lambda: _heartbeat(worker).get("vip_waiting") is False, "its heartbeat to show none")
             await _until(lambda: _events(normal)[-1][0] == "done", "the normal answer to end")
             return vip
         finally:
