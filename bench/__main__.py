@@ -31,6 +31,14 @@ def machine() -> dict:
     }
 
 
+def _report_write(report: dict, path: Path, *, plot: Path | None = None) -> None:
+    """The run's figures as JSON, with the machine they were measured on; say where they went."""
+    report["machine"] = machine()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2, default=str, ensure_ascii=False))
+    print(f"wrote {path}" + (f" and {plot}" if plot is not None else ""), file=sys.stderr)
+
+
 def _print_soak(report: dict) -> None:
     for kind, row in [("all", report["all"]), *sorted(report["per_kind"].items())]:
         print(
@@ -125,10 +133,7 @@ def main() -> None:
             paraphrases = f"{row['paraphrases_hit']}/{similarity['paraphrases']}"
             near_misses = f"{row['near_misses_hit']}/{similarity['near_misses']}"
             print(f"threshold {threshold}: {paraphrases} paraphrases hit, {near_misses} near-misses hit")
-        report["machine"] = machine()
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "cache.json").write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out / 'cache.json'}", file=sys.stderr)
+        _report_write(report, args.out / "cache.json")
         return
     if args.scenario == "control":
         # Before Django is set up here: the scenario points it at a Redis of its own.
@@ -138,10 +143,7 @@ def main() -> None:
         report = control(
             cancels=args.cancels, listeners=[int(n) for n in args.listeners.split(",")], rounds=args.rounds
         )
-        report["machine"] = machine()
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "control.json").write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out / 'control.json'}", file=sys.stderr)
+        _report_write(report, args.out / "control.json")
         return
     if args.scenario == "post":
         # In this process: the web's own cost of a post, with no stack around it.
@@ -160,9 +162,7 @@ def main() -> None:
             )
         if profile is not None:
             profile_summary(profile)
-        report["machine"] = machine()
-        (args.out / "post.json").write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out / 'post.json'}", file=sys.stderr)
+        _report_write(report, args.out / "post.json")
         return
     if args.scenario == "retrieval":
         # In this process, with no stack to start and nothing to plot.
@@ -176,10 +176,7 @@ def main() -> None:
             f"{report['queries']} questions: p50 {latency['p50']:.2f} ms, p99 {latency['p99']:.2f} ms, "
             f"max {latency['max']:.2f} ms; index built in {report['index_build_s']:.2f} s"
         )
-        report["machine"] = machine()
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "retrieval.json").write_text(json.dumps(report, indent=2))
-        print(f"wrote {args.out / 'retrieval.json'}", file=sys.stderr)
+        _report_write(report, args.out / "retrieval.json")
         return
     if args.scenario == "quality":
         # In this process, with its own engine and database; no stack to start.
@@ -206,11 +203,9 @@ def main() -> None:
         if "best" in report:
             best = report["best"]
             print(f"best: {best['prompt']} at temperature {best['temperature']:g} ({best['overall']:.3f})")
-        report["machine"] = machine()
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "quality.json").write_text(json.dumps(report, indent=2, ensure_ascii=False))
         png = plots.quality(report, args.out / "quality.png")
-        print(f"wrote {args.out / 'quality.json'} and {png}", file=sys.stderr)
+        _report_write(report, args.out / "quality.json", plot=png)
         return
     # Imported once the arguments are read: `--help` needs none of what a run needs. The
     # scenarios read Redis key names and series from the scheduler, whose modules load models.
@@ -318,9 +313,7 @@ def main() -> None:
                     f"queued p99 {row['queue_s']['p99'] or 0:6.2f} s  "
                     f"answered {row['completed']:4}  {row['output_tokens_per_s']:6.1f} tokens/s"
                 )
-    report["machine"] = machine()
-    (args.out / f"{name}.json").write_text(json.dumps(report, indent=2, default=str))
-    print(f"wrote {args.out / (name + '.json')} and {png}", file=sys.stderr)
+    _report_write(report, args.out / f"{name}.json", plot=png)
 
 
 if __name__ == "__main__":

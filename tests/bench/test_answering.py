@@ -10,23 +10,9 @@ from bench.answering import cache_rounds, cached_answers_collect
 from inference.engines.base import Delta, GenerationRequest
 from knowledge import cache as answer_cache
 from knowledge.prompts import UNKNOWN_REPLIES
-from knowledge.quality import QualityQuestion, quality_questions
+from knowledge.quality import quality_questions
 from scheduler.models import Generation, Variant
-
-RETURNS = QualityQuestion(
-    id="returns",
-    question="How long do I have to return an item?",
-    source="returns-policy",
-    facts=("30 days",),
-)
-# A rewording the result cache matches: the same normalised text.
-RETURNS_AGAIN = QualityQuestion(
-    id="returns-again",
-    question="how long do I have to return an item",
-    source="returns-policy",
-    facts=("30 days",),
-)
-CAPITAL = QualityQuestion(id="capital", question="What is the capital of France?", unanswerable=True)
+from tests.quality_questions import CAPITAL, RETURNS, RETURNS_AGAIN
 
 
 class ScriptedEngine:

@@ -92,30 +92,21 @@ def _serve(
 ) -> Job:
     """Claim the one queued job and serve it as the worker does, to its end."""
 
-    async def scenario() -> Job:
-        client = new_async_redis()
-        worker.queue = JobQueue(client, model=MODEL, consumer=worker.worker_id)
-        worker.publisher = ResultPublisher(client)
-        publishing = asyncio.create_task(worker.publisher.run())
-        try:
-            await worker.queue.ensure_groups()
-            [job] = await worker.queue.claim(total=1, per_tier=dict.fromkeys(Tier, 1))
-            job = adjust(job)
-            await worker._start_jobs([job])
-            task = worker.running[job.request_id].task
-            if before is not None:
-                await before(worker, job)
-            await asyncio.wait([task])
-            # Events are written in the order emitted: once this one is in Redis, so is all the
-            # job emitted (a job the engine died under ends before its last token is written).
-            marker = worker.publisher.emit(MODEL, "written-up-to-here", Reset(reason="test", attempt=0))
-            await asyncio.wait_for(marker, 10.0)
-            return job
-        finally:
-            publishing.cancel()
-            await client.aclose()
+    async def serve() -> Job:
+        [job] = await worker.queue.claim(total=1, per_tier=dict.fromkeys(Tier, 1))
+        job = adjust(job)
+        await worker._start_jobs([job])
+        task = worker.running[job.request_id].task
+        if before is not None:
+            await before(worker, job)
+        await asyncio.wait([task])
+        # Events are written in the order emitted: once this one is in Redis, so is all the
+        # job emitted (a job the engine died under ends before its last token is written).
+        marker = worker.publisher.emit(MODEL, "written-up-to-here", Reset(reason="test", attempt=0))
+        await asyncio.wait_for(marker, 10.0)
+        return job
 
-    return async_to_sync(scenario)()
+    return _with_queue(worker, serve)
 
 
 def _submit(tier: str = Tier.NORMAL) -> str:
@@ -564,10 +555,12 @@ def _kinds(request_id: str) -> list[str]:
     return [kind for kind, _ in _events(request_id)]
 
 
-def _vip_after_normal(*, answer_s: float, vip_preempt_after_s: float) -> tuple[str, str]:
-    """One slot, held by a normal answer of `answer_s`; a VIP job queued once it is under way.
-    Returns (normal, vip) request ids once both answers are done."""
-    worker = _one_slot_worker(answer_s=answer_s, vip_preempt_after_s=vip_preempt_after_s)
+def _vip_queued_after_normal(
+    worker: InferenceWorker, then: Callable[[str, str], Awaitable[None]]
+) -> tuple[str, str]:
+    """Run the worker; queue a normal job, and a VIP job once the normal answer is under way;
+    `then(normal, vip)` waits for what the test looks at. Returns (normal, vip) request ids once
+    the normal answer is done and the worker has drained."""
     normal = _submit(Tier.NORMAL)
 
     async def scenario() -> str:
@@ -575,7 +568,7 @@ def _vip_after_normal(*, answer_s: float, vip_preempt_after_s: float) -> tuple[s
         try:
             await _until(lambda: _kinds(normal).count("token") >= 2, "the normal answer to be under way")
             vip = await sync_to_async(_submit)(Tier.VIP)
-            await _until(lambda: _kinds(vip)[-1:] == ["done"], "the VIP answer")
+            await then(normal, vip)
             await _until(lambda: _kinds(normal)[-1:] == ["done"], "the normal answer")
             return vip
         finally:
@@ -583,6 +576,17 @@ def _vip_after_normal(*, answer_s: float, vip_preempt_after_s: float) -> tuple[s
             await running
 
     return normal, async_to_sync(scenario)()
+
+
+def _vip_after_normal(*, answer_s: float, vip_preempt_after_s: float) -> tuple[str, str]:
+    """One slot, held by a normal answer of `answer_s`; a VIP job queued once it is under way.
+    Returns (normal, vip) request ids once both answers are done."""
+
+    async def vip_done(normal: str, vip: str) -> None:
+        await _until(lambda: _kinds(vip)[-1:] == ["done"], "the VIP answer")
+
+    worker = _one_slot_worker(answer_s=answer_s, vip_preempt_after_s=vip_preempt_after_s)
+    return _vip_queued_after_normal(worker, vip_done)
 
 
 def test_a_vip_job_on_a_full_worker_starts_at_once_and_the_paused_answer_goes_on_where_it_was():
@@ -643,27 +647,17 @@ def test_a_vip_job_whose_grace_runs_out_pauses_the_normal_answer():
 def test_a_vip_job_cancelled_while_it_waits_out_its_grace_ends_at_once_and_pauses_nothing():
     before = _preemptions()
     worker = _one_slot_worker(answer_s=4.0, vip_preempt_after_s=30.0)
-    normal = _submit(Tier.NORMAL)
 
-    async def scenario() -> str:
-        running = asyncio.create_task(worker.run())
-        try:
-            await _until(lambda: _kinds(normal).count("token") >= 2, "the normal answer to be under way")
-            vip = await sync_to_async(_submit)(Tier.VIP)
-            await _until(lambda: _pending(Tier.VIP) == 1, "the worker to claim the VIP job and hold it")
-            await _until(lambda: _heartbeat(worker).get("vip_waiting") is True, "its heartbeat to show it")
-            assert _heartbeat(worker)["running"] == 1
-            worker.cancel(vip)
-            await _until(lambda: _events(vip)[-1][0] == "done", "the cancelled VIP job to end")
-            assert _events(normal)[-1][0] == "token"  # the normal answer was still being written
-            await _until(lambda: _heartbeat(worker).get("vip_waiting") is False, "its heartbeat to show none")
-            await _until(lambda: _events(normal)[-1][0] == "done", "the normal answer to end")
-            return vip
-        finally:
-            worker.drain()
-            await running
+    async def cancel_while_held(normal: str, vip: str) -> None:
+        await _until(lambda: _pending(Tier.VIP) == 1, "the worker to claim the VIP job and hold it")
+        await _until(lambda: _heartbeat(worker).get("vip_waiting") is True, "its heartbeat to show it")
+        assert _heartbeat(worker)["running"] == 1
+        worker.cancel(vip)
+        await _until(lambda: _events(vip)[-1][0] == "done", "the cancelled VIP job to end")
+        assert _events(normal)[-1][0] == "token"  # the normal answer was still being written
+        await _until(lambda: _heartbeat(worker).get("vip_waiting") is False, "its heartbeat to show none")
 
-    vip = async_to_sync(scenario)()
+    normal, vip = _vip_queued_after_normal(worker, cancel_while_held)
     assert _events(vip)[-1][1]["finish_reason"] == "cancelled"
     assert "token" not in _kinds(vip)
     assert Generation.objects.get(request_id=vip).status == "cancelled"

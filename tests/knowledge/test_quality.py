@@ -17,31 +17,7 @@ from knowledge.quality import (
     says_dont_know,
 )
 from scheduler.generation import SamplingParams
-
-RETURNS = QualityQuestion(
-    id="returns",
-    question="How long do I have to return an item?",
-    source="returns-policy",
-    facts=("30 days",),
-)
-RETURNS_FR = QualityQuestion(
-    id="returns-fr",
-    question="Combien de temps ai-je pour retourner un article ?",
-    language="fr",
-    source="returns-policy",
-    facts=("30 jours",),
-)
-CAPITAL = QualityQuestion(id="capital", question="What is the capital of France?", unanswerable=True)
-# Rewordings the result cache matches: the same normalised text, and a close paraphrase.
-RETURNS_AGAIN = QualityQuestion(
-    id="returns-again",
-    question="how long do I have to return an item",
-    source="returns-policy",
-    facts=("30 days",),
-)
-CAPITAL_AGAIN = QualityQuestion(
-    id="capital-again", question="What's the capital of France?", unanswerable=True
-)
+from tests.quality_questions import CAPITAL, RETURNS, RETURNS_FR
 
 
 class ScriptedAnswerer:
