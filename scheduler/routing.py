@@ -100,6 +100,8 @@ _variants: dict[str, tuple[float, Variant]] = {}
 
 def _variant_named(name: str) -> Variant | None:
     """The variant as stored at most a second ago (the console may edit it), or None."""
+    if "\x00" in name:
+        return None  # no variant's name has one, and PostgreSQL refuses a NUL in a query
     cached = _variants.get(name)
     if cached is not None and time.monotonic() - cached[0] < CACHE_S:
         return cached[1]

@@ -182,6 +182,16 @@ def test_a_model_no_variant_answers_is_a_404_as_vllm_serve_gives_it(key, path):
     assert _queued_anywhere() == 0
 
 
+@pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
+def test_a_model_name_with_a_nul_character_is_a_404_on_either_database(key, path):
+    """PostgreSQL refuses a NUL in a query: found by the schema fuzz as a 500."""
+    chat = path == "/v1/chat/completions"
+    body = {**HELLO, "model": "stable\x00"} if chat else {"model": "stable\x00", "prompt": "Hello"}
+    response = Client().post(path, json.dumps(body), content_type="application/json", headers=_auth(key))
+    assert (response.status_code, response.json()["error"]["code"]) == (404, 404)
+    assert _queued_anywhere() == 0
+
+
 def test_naming_the_stable_variant_takes_the_canary_s_routing_and_naming_another_gets_it(key):
     CanaryRouting.objects.update(candidate_variant="candidate", split_percent=0)
     canary_mirror()
