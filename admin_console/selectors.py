@@ -17,6 +17,7 @@ from knowledge.models import CachedAnswer
 from knowledge.quality import VariantSettings
 from scheduler import keys, timeseries
 from scheduler.autoscale import workers_desired
+from scheduler.generation import Origin
 from scheduler.models import CacheResult, CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.queues import queue_state
 from scheduler.routing import variant_models
@@ -228,12 +229,16 @@ class VariantStats:
 
 
 def variant_stats(*, variant: str, since: datetime) -> VariantStats:
-    """Every generation of the variant, whatever its origin (chat, API, batch); votes come from
-    chat answers. TTFT is read as the dashboard reads it: every answer that wrote a token,
-    through the same bins and percentile. Answers served from the result cache are left out:
-    the variant's model did not write them then, and their TTFT is a lookup's."""
-    ended = Generation.objects.filter(variant=variant, finished_at__gte=since).exclude(
-        cache__in=[CacheResult.EXACT, CacheResult.SEMANTIC, CacheResult.PINNED]
+    """Every generation customers asked the variant for, whatever the door (chat, API, batch);
+    votes come from chat answers. TTFT is read as the dashboard reads it: every answer that
+    wrote a token, through the same bins and percentile. Answers served from the result cache
+    are left out: the variant's model did not write them then, and their TTFT is a lookup's.
+    So are the quality score's questions: staff's test, asked all at once, whose burst would
+    weigh on the TTFT rule as if customers had waited."""
+    ended = (
+        Generation.objects.filter(variant=variant, finished_at__gte=since)
+        .exclude(cache__in=[CacheResult.EXACT, CacheResult.SEMANTIC, CacheResult.PINNED])
+        .exclude(origin=Origin.QUALITY)
     )
     counts = ended.filter(status__in=[Generation.Status.DONE, Generation.Status.ERROR]).aggregate(
         answers=Count("pk"),

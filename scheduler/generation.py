@@ -373,10 +373,22 @@ class AnswerFold:
     are counted (`repeated`, `skipped`), so that tests and benchmarks that break streams on
     purpose can tell that a resumed stream lost nothing and repeated nothing."""
 
-    __slots__ = ("_parts", "_sent", "end", "repeated", "resets", "restarted_after_sending", "skipped")
+    __slots__ = (
+        "_next_seq",
+        "_parts",
+        "_sent",
+        "end",
+        "repeated",
+        "resets",
+        "restarted_after_sending",
+        "skipped",
+    )
 
     def __init__(self) -> None:
         self._parts: list[Token] = []
+        # The number the next token should carry: one past the highest seen since the reset
+        # (not the count of tokens kept, which a gap leaves behind).
+        self._next_seq = 0
         self._sent = 0
         self.end: Done | Error | None = None
         # A reset came after some text was passed on, which cannot be taken back.
@@ -387,16 +399,17 @@ class AnswerFold:
 
     def add(self, body: EventBody) -> None:
         if isinstance(body, Token):
-            expected = len(self._parts)
-            if body.seq < expected:
+            if body.seq < self._next_seq:
                 self.repeated += 1
                 return
-            self.skipped += body.seq - expected
+            self.skipped += body.seq - self._next_seq
+            self._next_seq = body.seq + 1
             self._parts.append(body)
         elif isinstance(body, Reset):
             if self._sent:
                 self.restarted_after_sending = True
             self._parts.clear()
+            self._next_seq = 0
             self._sent = 0
             self.resets += 1
         elif isinstance(body, Done | Error):

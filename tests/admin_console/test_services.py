@@ -11,6 +11,7 @@ from django.utils import timezone
 from admin_console import selectors, services
 from admin_console.models import AuditLog, CanaryRollout
 from scheduler import keys
+from scheduler.generation import Origin
 from scheduler.models import CanaryRouting, Generation
 from scheduler.policy import tier_policy
 from scheduler.redis import sync_redis
@@ -308,3 +309,12 @@ def test_answers_served_from_the_cache_do_not_count_for_the_canary():
     Generation.objects.filter(pk=cached.pk).update(cache="exact", engine="cache")
     stats = selectors.variant_stats(variant="candidate", since=timezone.now() - timedelta(minutes=5))
     assert (stats.answers, stats.errors, stats.ttft_p95_ms) == (1, 1, None)
+
+
+def test_the_canary_counts_api_and_batch_answers_but_not_the_quality_score_s_questions():
+    for origin in (Origin.CHAT, Origin.API, Origin.BATCH):
+        generation_record(variant="candidate", status="error", origin=origin)
+    generation_record(variant="candidate", origin=Origin.API)
+    generation_record(variant="candidate", status="error", origin=Origin.QUALITY, ttft_ms=9000)
+    stats = selectors.variant_stats(variant="candidate", since=timezone.now() - timedelta(minutes=5))
+    assert (stats.answers, stats.errors, stats.ttft_p95_ms) == (4, 3, None)

@@ -19,7 +19,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
 # The first is cancelled after two tokens: it asks for an answer long enough to still be running
 # then (a brief one, such as "I don't know." to a question the help center cannot answer, can
-# end before the cancel arrives).
+# end before the cancel arrives). It is asked last, once the others are decoding, and followed
+# at once: asked first, its whole answer could be written while the others are still being
+# posted on a busy machine, before anyone watched it.
 ASKED = [
     "Explain every step of returning an item, with all the rules and exceptions, in detail.",
     *QUESTIONS[1:],
@@ -48,8 +50,11 @@ def test_eight_concurrent_questions_stream_real_answers_and_a_cancelled_one_is_a
         async with ChatClient(stack.base_url, timeout_s=300) as guest:
             await guest.open_page()
             conversations = [await guest.new_conversation() for _ in ASKED]
-            request_ids = [await guest.ask(c, q) for c, q in zip(conversations, ASKED, strict=True)]
-            streams = [asyncio.create_task(guest.stream(r)) for r in request_ids[1:]]
+            others = [
+                await guest.ask(c, q) for c, q in zip(conversations[1:], ASKED[1:], strict=True)
+            ]
+            streams = [asyncio.create_task(guest.stream(r)) for r in others]
+            request_ids = [await guest.ask(conversations[0], ASKED[0]), *others]
             first = await guest.stream(request_ids[0], stop_after_tokens=2)
             running_before = _heartbeat(stack)["engine_running"]
             await guest.cancel(request_ids[0])

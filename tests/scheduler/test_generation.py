@@ -153,6 +153,9 @@ def test_the_fold_drops_a_repeated_token_and_counts_a_gap():
         [Token(0, "Your "), Token(1, "order "), Token(1, "order "), Token(3, "today.")]
     )
     assert (answer.text, answer.repeated, answer.skipped) == ("Your order today.", 1, 1)
+    # After a gap the numbering goes on from the token past it, not from the count kept.
+    answer.add_all([Token(4, " Thanks"), Token(3, "today."), Token(5, "!")])
+    assert (answer.text, answer.repeated, answer.skipped) == ("Your order today. Thanks!", 2, 1)
     answer.add(Reset(reason="worker_restarted", attempt=2))
     answer.add(Token(0, "Again."))
     assert (answer.text, answer.resets) == ("Again.", 1)
