@@ -50,9 +50,7 @@ def test_eight_concurrent_questions_stream_real_answers_and_a_cancelled_one_is_a
         async with ChatClient(stack.base_url, timeout_s=300) as guest:
             await guest.open_page()
             conversations = [await guest.new_conversation() for _ in ASKED]
-            others = [
-                await guest.ask(c, q) for c, q in zip(conversations[1:], ASKED[1:], strict=True)
-            ]
+            others = [await guest.ask(c, q) for c, q in zip(conversations[1:], ASKED[1:], strict=True)]
             streams = [asyncio.create_task(guest.stream(r)) for r in others]
             request_ids = [await guest.ask(conversations[0], ASKED[0]), *others]
             first = await guest.stream(request_ids[0], stop_after_tokens=2)
