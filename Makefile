@@ -87,7 +87,6 @@ test: install-vllm var/secret_key
 
 # Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak|peer|...` (docs/BENCHMARKS.md).
 bench: install-vllm model embedder var/secret_key
-	$(BIN)/pip install --quiet -e '.[bench]'
 	$(BIN)/python -m bench $(SCENARIO)
 
 lint: install

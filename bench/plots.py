@@ -15,7 +15,7 @@ def pyplot() -> ModuleType:
         import matplotlib
     except ModuleNotFoundError:
         raise SystemExit(
-            "Drawing the figures needs matplotlib: `make bench`, or `.venv/bin/pip install -e '.[bench]'`."
+            "Drawing the figures needs matplotlib: `make install`, or `.venv/bin/pip install -e '.[dev]'`."
         ) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot

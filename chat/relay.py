@@ -53,8 +53,8 @@ async def _queued_status(model: str, tier: str, seq: int) -> dict:
 
 def _sse_for(event: ResultEvent) -> bytes:
     """Result events are the browser's events, but for `start`, which it sees as a status."""
-    if isinstance(event.body, Token):
-        # The per-token path: the stream holds the token as the browser reads it.
+    if event.type == Token.type:
+        # The per-token path: the stream holds the token as the browser reads it (undecoded).
         return sse_event_json(event.type, event.data, event.id)
     if isinstance(event.body, Start):
         return sse_event("status", {"state": "running"}, event.id)
@@ -95,12 +95,12 @@ async def relay_events(*, model: str, request_id: str, after_id: str) -> AsyncIt
                 continue
             frames: list[bytes] = []
             for event in events:
-                if isinstance(event.body, Queued):
+                if event.type == Queued.type:
                     queued = (event.body.tier, event.body.seq)
                     frames.append(sse_event("status", await _queued_status(model, *queued), event.id))
                     last_status = time.monotonic()
                     continue
-                if isinstance(event.body, Start):
+                if event.type == Start.type:
                     queued = None
                 frames.append(_sse_for(event))
                 if event.type in TERMINAL_EVENTS:

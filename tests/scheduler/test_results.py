@@ -166,16 +166,16 @@ def test_subscribers_of_a_follower_that_dies_get_an_error_and_a_new_subscription
     class Broken(Exception):
         pass
 
-    real_xread = redis.asyncio.Redis.xread
+    real_read = ResultFollower._read
     failures = iter([Broken("unexpected")])
 
-    async def xread_failing_once(self, *args, **kwargs):
+    async def read_failing_once(self, *args, **kwargs):
         failure = next(failures, None)
         if failure is not None:
             raise failure
-        return await real_xread(self, *args, **kwargs)
+        return await real_read(self, *args, **kwargs)
 
-    monkeypatch.setattr(redis.asyncio.Redis, "xread", xread_failing_once)
+    monkeypatch.setattr(ResultFollower, "_read", read_failing_once)
 
     async def scenario():
         client = new_async_redis()
