@@ -106,7 +106,7 @@ def _cache_lookup(
     ):
         return None
     question = messages[0]["content"]
-    if answer_cache.personal_data_found(question, names=answer_cache.account_names(api_key.owner)):
+    if answer_cache.question_personal(question, names=answer_cache.account_names(api_key.owner)):
         return None
     context = answer_cache.api_context(variant, sampling)
     lookup = answer_cache.answer_lookup(variant=variant.name, context=context, question=question, vector=None)

@@ -118,7 +118,7 @@ def _cache_lookup(conversation: Conversation, text: str, variant: Variant) -> _C
     not answer it: off, personal data in it, or no embedding model."""
     if not settings.ANSWER_CACHE_ENABLED:
         return None
-    if answer_cache.personal_data_found(text, names=answer_cache.account_names(conversation.owner)):
+    if answer_cache.question_personal(text, names=answer_cache.account_names(conversation.owner)):
         return None
     try:
         vector = knowledge_selectors.question_vector(text)

@@ -23,12 +23,18 @@ What is looked up, stored and served:
 - Served only if its generation finished well (done, stopped by the model, not rated down),
   from the knowledge-base version in force; an entry whose answer failed is dropped.
 
-Nothing personal is ever served from the cache. The rule: a question is neither looked up nor
-stored, and an answer never served, when the text contains anything that may identify a
-person or their orders: an email address, a phone number, any run of four digits or more
-(order, account, card or parcel numbers, postcodes), a code mixing letters and digits, or the
-asker's own username, first or last name or email name. A guest's question passes the same
-patterns. Answers are stored only after their question passed, and checked again when served.
+Nothing personal is stored in or served from the cache. The rule, for guests and signed-in
+customers alike (`question_personal`, `answer_personal`):
+- a question is neither looked up nor stored when it says who the asker is ("my name is",
+  "I'm"/"I am"/"this is" <Name>, "<Name> here", and the same in French, Spanish and German),
+  greets or signs off with a name ("Thanks, Maria"), gives an address ("my address is", a house
+  number and a street, a UK or Canadian postcode), holds an email address, a phone number, any
+  run of four digits or more (order, account, card or parcel numbers, postcodes), a code mixing
+  letters and digits, or a signed-in asker's own username, first or last name or email name;
+- an answer is never served when it addresses someone by name ("Hi Maria", "Dear Mr Smith") or
+  holds any of those data; its entry is dropped the first time a lookup finds it.
+The patterns lean towards leaving a question out: a false alarm costs one cache hit. A name
+nothing frames ("can Maria collect my parcel?") passes; the answer's check is the second net.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ from django.db.models import Q
 from knowledge import metrics as cache_metrics
 from knowledge.embedding import EMBEDDING_DIM
 from knowledge.index import knowledge_base_version
+from knowledge.language import common_word
 from knowledge.models import Article, CachedAnswer
 from scheduler.admission import CACHE, KnownAnswer
 from scheduler.generation import SamplingParams
@@ -64,17 +71,80 @@ _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+")
 _PHONE = re.compile(r"\+?\d(?:[\s().-]*\d){6,}")
 _LONG_NUMBER = re.compile(r"\d{4,}")
 _CODE = re.compile(r"\b(?=[a-z]*\d)(?=\d*[a-z])[a-z0-9-]{5,}\b", re.IGNORECASE)
+_POSTCODE = re.compile(r"\b(?:[a-z]{1,2}\d[a-z\d]?|[a-z]\d[a-z])\s?\d[a-z]\w\b", re.IGNORECASE)  # UK, Canada
+_STREET = re.compile(
+    r"\b\d{1,3}[a-z]?,?\s+(?:[\w'-]+\s+){0,3}?"
+    r"(?:street|st|road|rd|avenue|ave|lane|boulevard|blvd|rue|chemin|allée|calle|avenida|paseo)\b"
+    r"|\b(?:\w*(?:straße|strasse|str\.|gasse|allee)|calle|avenida|paseo)\s+(?:[\w'-]+\s+){0,3}?\d{1,3}\b",
+    re.IGNORECASE,
+)
+_NAME = r"(?P<name>[^\W\d_][\w'-]*)"
+_TITLE = r"mr|mrs|ms|miss|dr|monsieur|madame|mademoiselle|mme|señor|señora|señorita|sr|sra|herr|frau"
+# A greeting, thanks or sign-off, then a capitalised word that is not a common one: a name.
+_GREETED = re.compile(
+    r"\b(?:hi|hello|hey|dear|good (?:morning|afternoon|evening)|thanks|thank you|regards|cheers"
+    r"|bonjour|bonsoir|salut|merci|cher|chère|cordialement|hola|buenos días|buenas tardes|gracias"
+    r"|querido|querida|estimado|estimada|saludos|hallo|guten (?:tag|morgen|abend)|liebe|lieber|danke"
+    rf"|grüße|gruß)\b[\s,]+(?:(?:{_TITLE})\.?\s+)?{_NAME}",
+    re.IGNORECASE,
+)
+_TITLED = re.compile(rf"\b(?:{_TITLE})\.?\s+{_NAME}", re.IGNORECASE)
+# Says who the asker is, whatever comes next.
+_SELF_NAMED = re.compile(
+    r"\b(?:my (?:first |last |full |sur)?name(?: is|'s)|my (?:home |delivery |shipping )?address is"
+    r"|i live at|je m'appelle|je me nomme|mon (?:pré)?nom est|mon adresse est|me llamo|mi nombre es"
+    r"|mi dirección es|ich hei(?:ß|ss)e|mein (?:vor|nach)?name ist|meine adresse (?:ist|lautet))\b",
+    re.IGNORECASE,
+)
+# Says who the asker is when a name follows: capitalised, or a word alone before a comma or the end.
+_INTRODUCED = re.compile(
+    rf"\b(?:i'm|i am|this is|je suis|c'est|ici|soy|aquí|le habla|ich bin|hier ist|hier spricht)\s+{_NAME}"
+    r"(?P<alone>\s*(?:[,.!;:]|$))?",
+    re.IGNORECASE,
+)
+_SIGNED_HERE = re.compile(rf"(?:^|[.!?,;:]\s*){_NAME}\s+here\b", re.IGNORECASE)  # "Maria here"
+_NOT_NAMES = frozenset({"there", "all", "everyone", "team", "customer", "friend", "sir", "madam", "again"})
 _WORD = re.compile(r"\w+")
 _NUMBER = re.compile(r"\d+")
 
 
-def personal_data_found(text: str, *, names: Iterable[str] = ()) -> bool:
-    """Whether `text` contains personal data by the rule above; `names` are the asker's own
-    (username, first and last name, the part of their email address before the @)."""
-    if _EMAIL.search(text) or _PHONE.search(text) or _LONG_NUMBER.search(text) or _CODE.search(text):
+def _data_found(text: str) -> bool:
+    return any(pattern.search(text) for pattern in (_EMAIL, _PHONE, _LONG_NUMBER, _CODE, _POSTCODE, _STREET))
+
+
+def _a_name(word: str) -> bool:
+    return word[:1].isupper() and not common_word(word) and word.casefold() not in _NOT_NAMES
+
+
+def _addressed_by_name(text: str) -> bool:
+    found = [*_GREETED.finditer(text), *_TITLED.finditer(text)]
+    return any(_a_name(match["name"]) for match in found)
+
+
+def _introduced(text: str) -> bool:
+    if _SELF_NAMED.search(text):
+        return True
+    if any(_a_name(match["name"]) for match in _SIGNED_HERE.finditer(text)):
+        return True
+    return any(
+        _a_name(match["name"]) or (match["alone"] is not None and not common_word(match["name"]))
+        for match in _INTRODUCED.finditer(text)
+    )
+
+
+def question_personal(text: str, *, names: Iterable[str] = ()) -> bool:
+    """Whether a question may not be looked up or stored, by the rule above; `names` are a
+    signed-in asker's own (account_names)."""
+    text = text.replace("\u2019", "'")
+    if _data_found(text) or _addressed_by_name(text) or _introduced(text):
         return True
     words = {word.casefold() for word in _WORD.findall(text)}
     return any(len(name) >= 3 and name.casefold() in words for name in names)
+
+
+def answer_personal(text: str) -> bool:
+    """Whether an answer may not be served, by the rule above."""
+    return _data_found(text) or _addressed_by_name(text)
 
 
 def account_names(user) -> list[str]:
@@ -274,7 +344,7 @@ def _servable(
             generation.status == Generation.Status.DONE
             and generation.finish_reason == "stop"
             and generation.text.strip()
-            and not personal_data_found(generation.text)
+            and not answer_personal(generation.text)
         )
         if not good:
             entry.delete()  # a failed, cut or personal answer is never served; a new one may be stored
