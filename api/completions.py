@@ -201,6 +201,7 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
             question=jobs[0].messages[0]["content"],
             vector=None,
             kb_version=knowledge_selectors.knowledge_base_version(),
+            help_center=False,  # the caller's messages are the whole prompt
             source_slugs=[],
             request_id=request_ids[0],
         )

@@ -120,6 +120,7 @@ def _first_turn(question: QualityQuestion, variant: Variant) -> _FirstTurn:
             question=text,
             vector=vector,
             kb_version=knowledge_base_version() if kb_version is None else kb_version,
+            help_center=variant.knowledge,
             source_slugs=sources,
             request_id=job.request_id,
         )

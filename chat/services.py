@@ -265,6 +265,7 @@ def message_post(
             question=text,
             vector=cached.vector,
             kb_version=knowledge_selectors.knowledge_base_version() if kb_version is None else kb_version,
+            help_center=variant.knowledge,
             source_slugs=[source["slug"] for source in sources],
             request_id=job.request_id,
         )

@@ -3,7 +3,8 @@ a queue or a GPU slot.
 
 It lives beside the help center because the help center is what it is keyed on and
 invalidated by: an entry remembers the knowledge-base version and the articles its answer was
-written from, an article edit drops what that article fed, and questions are matched with the
+written from, an article change drops every answer it may make stale (answers_invalidate),
+and questions are matched with the
 help center's own embedder (the vector chat already computes for retrieval, so a lookup costs
 no second embedding). The scheduler writes the hit's record and result stream
 (scheduler.admission.request_answer_known); it never imports this module, so no worker loads
@@ -21,7 +22,10 @@ What is looked up, stored and served:
   barely tell "question 1" from "question 2" or 3 items from 5); pinned answers go first, then
   exact, then semantic.
 - Served only if its generation finished well (done, stopped by the model, not rated down),
-  from the knowledge-base version in force; an entry whose answer failed is dropped.
+  from the knowledge-base version in force; an entry whose answer failed is dropped. The
+  version is part of the key, so an entry answers only the version it was written or carried
+  to: an article change carries every entry its text cannot have changed (answers_invalidate)
+  and drops the others.
 
 Nothing personal is stored in or served from the cache. The rule, for guests and signed-in
 customers alike (`question_personal`, `answer_personal`):
@@ -407,13 +411,15 @@ def answer_remember(
     question: str,
     vector: np.ndarray | None,
     kb_version: int,
+    help_center: bool,
     source_slugs: Iterable[str],
     request_id: str,
 ) -> CachedAnswer | None:
     """Remember a first-turn question whose answer is being generated; it is served once that
     answer finished well. None when the answer was written from an older knowledge base (an
     article changed while the prompt was built), or the question is already remembered.
-    Without its `vector`, the question is matched by its text only."""
+    Without its `vector`, the question is matched by its text only. `help_center`: the
+    answer's prompt was built with the help center (answers_invalidate)."""
     digest = question_hash(question)
     if vector is None:
         vector = np.zeros(EMBEDDING_DIM, dtype=np.float32)  # scores 0: never a semantic match
@@ -431,6 +437,7 @@ def answer_remember(
             question_hash=digest,
             embedding=vector.astype("<f4").tobytes(),
             kb_version=kb_version,
+            help_center=help_center,
             generation_id=request_id,
         )
         entry.sources.set(Article.objects.filter(slug__in=list(source_slugs)))
@@ -469,20 +476,29 @@ def answer_forget_served(*, variant: Variant, question: str, vector: np.ndarray)
         found[0].delete()
 
 
-def answers_invalidate(*, article: Article, new_version: int, added: bool) -> int:
+def answers_invalidate(*, article: Article, passages: np.ndarray, new_version: int) -> int:
     """Called in the transaction of an article change that raises the version to
-    `new_version`: drop the generated entries the article fed (and, when it adds text to the
-    help center, the ones nothing fed, which said they did not know), and carry the others to
-    the new version. Returns how many were dropped."""
-    doomed = set(CachedAnswer.objects.filter(pinned_answer="", sources=article).values_list("pk", flat=True))
-    if added:
-        doomed |= set(
-            CachedAnswer.objects.filter(pinned_answer="", sources__isnull=True).values_list("pk", flat=True)
-        )
+    `new_version`; `passages`: the embeddings of the article's chunks before and after it.
+
+    A cached answer must never contradict the help center as it is now. An answer written with
+    the help center saw the excerpts retrieval picked for its question: the chunks scoring at
+    least KNOWLEDGE_MIN_SCORE. If none of the article's passages, old or new, scores that much
+    against the question, the excerpts, and so the prompt, are what they would be now: the
+    entry is carried to the new version. Otherwise (the article fed it, or now has something
+    on it) it is dropped. Entries written without the help center (/v1, variants with it off)
+    never read an article and are all carried; pinned ones outlive edits. Returns how many
+    were dropped."""
+    current = CachedAnswer.objects.filter(pinned_answer="", kb_version=new_version - 1)
+    doomed = set(current.filter(sources=article).values_list("pk", flat=True))
+    if len(passages):
+        rows = current.filter(help_center=True).values_list("pk", "embedding")
+        for entry_id, embedding in rows.iterator(chunk_size=2000):
+            scores = np.einsum("ij,j->i", passages, np.frombuffer(embedding, dtype="<f4"))
+            if scores.max() >= settings.KNOWLEDGE_MIN_SCORE:
+                doomed.add(entry_id)
     _, deleted = CachedAnswer.objects.filter(pk__in=doomed).delete()
-    dropped = deleted.get(CachedAnswer._meta.label, 0)
-    CachedAnswer.objects.filter(pinned_answer="", kb_version=new_version - 1).update(kb_version=new_version)
+    current.update(kb_version=new_version)
     # Entries of older versions (a question remembered while an article changed) never answer.
     CachedAnswer.objects.filter(pinned_answer="", kb_version__lt=new_version).delete()
     transaction.on_commit(_index.forget)
-    return dropped
+    return deleted.get(CachedAnswer._meta.label, 0)

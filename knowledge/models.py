@@ -68,6 +68,9 @@ class CachedAnswer(models.Model):
     # float32 little-endian, unit length (knowledge.embedding.EMBEDDING_DIM values).
     embedding = models.BinaryField()
     kb_version = models.PositiveBigIntegerField()
+    # The answer's prompt held the help center's excerpts (chat with the help center on); an
+    # article change may then make it stale. /v1 answers and the others never read an article.
+    help_center = models.BooleanField(default=True)
     sources = models.ManyToManyField(Article, related_name="cached_answers", blank=True)
     generation = generation_link("cached_answer")
     pinned_answer = models.TextField(blank=True)  # non-empty: staff approved this answer

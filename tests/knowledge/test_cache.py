@@ -16,7 +16,7 @@ from knowledge import cache as answer_cache
 from knowledge import services as knowledge_services
 from knowledge.models import Article, CachedAnswer
 from scheduler import keys
-from scheduler.models import Generation
+from scheduler.models import Generation, Variant
 from scheduler.redis import sync_redis
 from tests import worker_double
 from tests.generation_jobs import MODEL
@@ -282,6 +282,49 @@ def test_an_article_edit_invalidates_the_answers_it_fed_and_keeps_the_others(ali
     assert Generation.objects.get(request_id=edited["request_id"]).cache == "miss"
     kept = _ask(client, bob, "Do gift cards expire?")
     assert Generation.objects.get(request_id=kept["request_id"]).cache == "exact"
+
+
+def _asked_again_by_someone_else(question: str) -> str:
+    """How a new customer's same first question is answered: the generation's cache result."""
+    body = _guest_ask(question)
+    return Generation.objects.get(request_id=body["request_id"]).cache
+
+
+def test_a_new_article_on_a_cached_question_drops_its_answer_and_keeps_the_others(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "How long do I have to return an item?"), "You have 30 days.")
+    _answered(_ask(client, alice, "Do gift cards expire?"), "They never expire.")
+
+    knowledge_services.article_create(
+        slug="returning-furniture",
+        title="Returning furniture",
+        body="Sofas, beds and other furniture can be returned within 14 days of delivery only.",
+    )
+
+    assert _asked_again_by_someone_else("How long do I have to return an item?") == "miss"
+    assert _asked_again_by_someone_else("Do gift cards expire?") == "exact"
+
+
+def test_an_edit_on_another_subject_keeps_answers_the_help_center_had_nothing_on(alice, articles):
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "Hello"), "Hello! How can I help?")
+    gift_cards = Article.objects.get(slug="gift-cards")
+    knowledge_services.article_update(
+        article=gift_cards, title=gift_cards.title, body=GIFT_CARDS + " They cannot be exchanged for cash."
+    )
+    assert _asked_again_by_someone_else("Hello") == "exact"
+
+
+def test_answers_of_a_variant_without_the_help_center_survive_article_edits(alice, articles):
+    Variant.objects.update(knowledge=False)
+    client = _signed_in(alice)
+    _answered(_ask(client, alice, "How long do I have to return an item?"), "You have 30 days.")
+
+    returns = Article.objects.get(slug="returns-policy")
+    knowledge_services.article_update(article=returns, title=returns.title, body=RETURNS.replace("30", "14"))
+    knowledge_services.article_create(slug="store-hours", title="Store hours", body="We open at 9 am.")
+
+    assert _asked_again_by_someone_else("How long do I have to return an item?") == "exact"
 
 
 def test_an_answer_rated_down_is_not_served_again(alice, articles):
