@@ -20,7 +20,8 @@ What is looked up, stored and served:
   question embeddings at least ANSWER_CACHE_MIN_SIMILARITY, chosen on paraphrase and
   near-miss pairs: docs/BENCHMARKS.md, and the same numbers in both: sentence embeddings
   barely tell "question 1" from "question 2" or 3 items from 5); pinned answers go first, then
-  exact, then semantic.
+  exact, then semantic. A question looked up without its embedding (the API's) matches only
+  the very same text: to the model another spelling is another prompt.
 - Served only if its generation finished well (done, stopped by the model, not rated down),
   from the knowledge-base version in force; an entry whose answer failed is dropped. The
   version is part of the key, so an entry answers only the version it was written or carried
@@ -170,6 +171,11 @@ def question_normalised(text: str) -> str:
 
 def question_hash(text: str) -> str:
     return hashlib.sha256(question_normalised(text).encode()).hexdigest()
+
+
+def _question_digest(text: str, vector: np.ndarray | None) -> str:
+    """The exact-match key: the normalised text's hash, or without a `vector` the text's own."""
+    return question_hash(text) if vector is not None else hashlib.sha256(text.encode()).hexdigest()
 
 
 def _context_hash(parts: dict) -> str:
@@ -363,7 +369,7 @@ def _find(
     shelf = _index.shelf(variant, context)
     if shelf is None:
         return None
-    candidates = _candidates(shelf, question_hash(question), vector)
+    candidates = _candidates(shelf, _question_digest(question, vector), vector)
     if not candidates:
         return None
     entries = CachedAnswer.objects.select_related("generation").in_bulk([i for i, _ in candidates])
@@ -372,7 +378,7 @@ def _find(
 
 def answer_lookup(*, variant: str, context: str, question: str, vector: np.ndarray | None) -> Lookup:
     """The cached answer to a first-turn question, if one may be served (see the module); by
-    its text alone (an exact match) without the question's `vector`."""
+    its very text alone without the question's `vector`."""
     started = time.perf_counter()
     found = _find(variant=variant, context=context, question=question, vector=vector)
     lookup_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -418,9 +424,9 @@ def answer_remember(
     """Remember a first-turn question whose answer is being generated; it is served once that
     answer finished well. None when the answer was written from an older knowledge base (an
     article changed while the prompt was built), or the question is already remembered.
-    Without its `vector`, the question is matched by its text only. `help_center`: the
+    Without its `vector`, the question is matched by its very text only. `help_center`: the
     answer's prompt was built with the help center (answers_invalidate)."""
-    digest = question_hash(question)
+    digest = _question_digest(question, vector)
     if vector is None:
         vector = np.zeros(EMBEDDING_DIM, dtype=np.float32)  # scores 0: never a semantic match
     with transaction.atomic():

@@ -672,6 +672,25 @@ def test_a_call_sampled_without_a_seed_is_never_answered_from_the_result_cache(k
     answer_cache._index.forget()
 
 
+def test_a_call_is_answered_from_the_result_cache_only_for_the_very_same_text(key):
+    """Another spelling is another prompt to the model: vllm serve could answer it otherwise."""
+    answer_cache._index.forget()
+    body = HELLO | {"stream": True, "temperature": 0}
+    assert _post(Client(), key, body).status_code == 200
+    [first] = worker_double.queued("normal")
+    worker_double.answer(first["request_id"], "It left our warehouse today.")
+
+    respelled = body | {"messages": [{"role": "user", "content": "where is my order"}]}
+    assert _post(Client(), key, respelled).status_code == 200
+    assert _post(Client(), key, body).status_code == 200
+    assert list(Generation.objects.filter(origin="api").order_by("id").values_list("cache", flat=True)) == [
+        "miss",
+        "miss",
+        "exact",
+    ]
+    answer_cache._index.forget()
+
+
 def test_a_cached_answer_survives_article_edits_the_api_never_reads(key):
     """A /v1 prompt is the caller's messages: no help-center change can make its answer stale."""
     answer_cache._index.forget()
