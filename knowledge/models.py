@@ -28,6 +28,18 @@ class Article(models.Model):
         return self.title
 
 
+class FormerSlug(models.Model):
+    """An address an article had before it moved: /help/<slug> still leads to it, so the links
+    under earlier answers (Message.sources keeps the slug) and bookmarks keep working. The
+    article that last left an address owns it; a live article at that address comes first."""
+
+    slug = models.SlugField(max_length=100, unique=True)
+    article = models.ForeignKey(Article, related_name="former_slugs", on_delete=models.CASCADE)
+
+    def __str__(self) -> str:
+        return f"{self.slug} -> {self.article.slug}"
+
+
 class Chunk(models.Model):
     """A passage of an article (a section, or part of one) and its sentence embedding."""
 

@@ -19,7 +19,7 @@ from knowledge.cache import answers_invalidate
 from knowledge.chunking import article_chunks
 from knowledge.embedding import EMBEDDING_DIM, embed
 from knowledge.index import current_index
-from knowledge.models import Article, Chunk, KnowledgeBase
+from knowledge.models import Article, Chunk, FormerSlug, KnowledgeBase
 
 
 class ArticleFileRejected(ValueError):
@@ -80,9 +80,11 @@ def article_create(*, slug: str, title: str, body: str) -> Article:
 
 
 def article_update(*, article: Article, title: str, body: str, slug: str | None = None) -> bool:
-    """False when nothing changed (no new version)."""
+    """False when nothing changed (no new version). A new `slug` keeps the old address leading
+    to the article (FormerSlug)."""
     title, body = title.strip(), body.strip()
-    slug = article.slug if slug is None else slug
+    former_slug = article.slug
+    slug = former_slug if slug is None else slug
     if (article.slug, article.title, article.body) == (slug, title, body):
         return False
     article.slug, article.title, article.body = slug, title, body
@@ -90,6 +92,8 @@ def article_update(*, article: Article, title: str, body: str, slug: str | None 
     with transaction.atomic():
         passages_before = _passages(article)
         article.save()
+        if slug != former_slug:
+            FormerSlug.objects.update_or_create(slug=former_slug, defaults={"article": article})
         _chunks_replace(article)
         _version_raise(article, passages_before=passages_before)
     return True
