@@ -171,8 +171,10 @@ def cached_answer_pin(*, actor: User, variant: str, question: str, answer: str) 
     target = Variant.objects.filter(name=variant).first()
     if target is None:
         raise ConsoleError(f"There is no variant {variant!r}.")
-    if answer_cache.personal_data_found(question) or answer_cache.personal_data_found(answer):
-        raise ConsoleError("The cache never serves personal data: leave out emails, numbers and codes.")
+    if answer_cache.question_personal(question) or answer_cache.answer_personal(answer):
+        raise ConsoleError(
+            "The cache never serves personal data: leave out names, emails, numbers, addresses and codes."
+        )
     try:
         vector = knowledge_selectors.question_vector(question)
     except knowledge_selectors.EmbedderUnavailable as exc:

@@ -90,9 +90,10 @@ def _cache_lookup(
 ) -> tuple[answer_cache.Lookup, str] | None:
     """A one-question call (a single user message, one choice, no tools, no logprobs) whose
     answer does not depend on chance (greedy or seeded) is a first turn the result cache may
-    answer, by its text alone: a program asking again gets the answer `vllm serve` would give
-    it, never one to a similar question or one sampled for someone else. (The lookup, its
-    context), or None when it may not be looked up."""
+    answer, for the very same text alone: a program asking again gets the answer `vllm serve`
+    would give it, never one to another spelling, a similar question or one sampled for
+    someone else; nothing marks it as cached (docs/ARCHITECTURE.md, "/v1 and the cache").
+    (The lookup, its context), or None when it may not be looked up."""
     if not settings.ANSWER_CACHE_ENABLED or isinstance(request, CompletionRequest):
         return None  # a raw prompt is no customer's question
     messages = request.prompt_messages()
@@ -106,7 +107,7 @@ def _cache_lookup(
     ):
         return None
     question = messages[0]["content"]
-    if answer_cache.personal_data_found(question, names=answer_cache.account_names(api_key.owner)):
+    if answer_cache.question_personal(question, names=answer_cache.account_names(api_key.owner)):
         return None
     context = answer_cache.api_context(variant, sampling)
     lookup = answer_cache.answer_lookup(variant=variant.name, context=context, question=question, vector=None)
@@ -201,6 +202,7 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
             question=jobs[0].messages[0]["content"],
             vector=None,
             kb_version=knowledge_selectors.knowledge_base_version(),
+            help_center=False,  # the caller's messages are the whole prompt
             source_slugs=[],
             request_id=request_ids[0],
         )

@@ -146,6 +146,7 @@ def answer_cache(*, entries: int, queries: int) -> dict:
                 question=f"{question} ({n})",
                 vector=vectors[question],
                 kb_version=version,
+                help_center=variant.knowledge,
                 source_slugs=[],
                 request_id=str(uuid.uuid4()),
             )

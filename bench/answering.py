@@ -79,7 +79,7 @@ def _first_turn(question: QualityQuestion, variant: Variant) -> _FirstTurn:
     database), without the queue: the engine in this process answers the job."""
     text = question.question
     # As chat: a question with personal data is neither looked up nor remembered.
-    cacheable = not answer_cache.personal_data_found(text)
+    cacheable = not answer_cache.question_personal(text)
     vector = question_vector(text) if cacheable else None
     context = answer_cache.chat_context(variant)
     lookup = None
@@ -120,6 +120,7 @@ def _first_turn(question: QualityQuestion, variant: Variant) -> _FirstTurn:
             question=text,
             vector=vector,
             kb_version=knowledge_base_version() if kb_version is None else kb_version,
+            help_center=variant.knowledge,
             source_slugs=sources,
             request_id=job.request_id,
         )

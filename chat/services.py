@@ -118,7 +118,7 @@ def _cache_lookup(conversation: Conversation, text: str, variant: Variant) -> _C
     not answer it: off, personal data in it, or no embedding model."""
     if not settings.ANSWER_CACHE_ENABLED:
         return None
-    if answer_cache.personal_data_found(text, names=answer_cache.account_names(conversation.owner)):
+    if answer_cache.question_personal(text, names=answer_cache.account_names(conversation.owner)):
         return None
     try:
         vector = knowledge_selectors.question_vector(text)
@@ -265,6 +265,7 @@ def message_post(
             question=text,
             vector=cached.vector,
             kb_version=knowledge_selectors.knowledge_base_version() if kb_version is None else kb_version,
+            help_center=variant.knowledge,
             source_slugs=[source["slug"] for source in sources],
             request_id=job.request_id,
         )

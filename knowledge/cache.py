@@ -3,7 +3,8 @@ a queue or a GPU slot.
 
 It lives beside the help center because the help center is what it is keyed on and
 invalidated by: an entry remembers the knowledge-base version and the articles its answer was
-written from, an article edit drops what that article fed, and questions are matched with the
+written from, an article change drops every answer it may make stale (answers_invalidate),
+and questions are matched with the
 help center's own embedder (the vector chat already computes for retrieval, so a lookup costs
 no second embedding). The scheduler writes the hit's record and result stream
 (scheduler.admission.request_answer_known); it never imports this module, so no worker loads
@@ -19,16 +20,26 @@ What is looked up, stored and served:
   question embeddings at least ANSWER_CACHE_MIN_SIMILARITY, chosen on paraphrase and
   near-miss pairs: docs/BENCHMARKS.md, and the same numbers in both: sentence embeddings
   barely tell "question 1" from "question 2" or 3 items from 5); pinned answers go first, then
-  exact, then semantic.
+  exact, then semantic. A question looked up without its embedding (the API's) matches only
+  the very same text: to the model another spelling is another prompt.
 - Served only if its generation finished well (done, stopped by the model, not rated down),
-  from the knowledge-base version in force; an entry whose answer failed is dropped.
+  from the knowledge-base version in force; an entry whose answer failed is dropped. The
+  version is part of the key, so an entry answers only the version it was written or carried
+  to: an article change carries every entry its text cannot have changed (answers_invalidate)
+  and drops the others.
 
-Nothing personal is ever served from the cache. The rule: a question is neither looked up nor
-stored, and an answer never served, when the text contains anything that may identify a
-person or their orders: an email address, a phone number, any run of four digits or more
-(order, account, card or parcel numbers, postcodes), a code mixing letters and digits, or the
-asker's own username, first or last name or email name. A guest's question passes the same
-patterns. Answers are stored only after their question passed, and checked again when served.
+Nothing personal is stored in or served from the cache. The rule, for guests and signed-in
+customers alike (`question_personal`, `answer_personal`):
+- a question is neither looked up nor stored when it says who the asker is ("my name is",
+  "I'm"/"I am"/"this is" <Name>, "<Name> here", and the same in French, Spanish and German),
+  greets or signs off with a name ("Thanks, Maria"), gives an address ("my address is", a house
+  number and a street, a UK or Canadian postcode), holds an email address, a phone number, any
+  run of four digits or more (order, account, card or parcel numbers, postcodes), a code mixing
+  letters and digits, or a signed-in asker's own username, first or last name or email name;
+- an answer is never served when it addresses someone by name ("Hi Maria", "Dear Mr Smith") or
+  holds any of those data; its entry is dropped the first time a lookup finds it.
+The patterns lean towards leaving a question out: a false alarm costs one cache hit. A name
+nothing frames ("can Maria collect my parcel?") passes; the answer's check is the second net.
 """
 
 from __future__ import annotations
@@ -50,6 +61,7 @@ from django.db.models import Q
 from knowledge import metrics as cache_metrics
 from knowledge.embedding import EMBEDDING_DIM
 from knowledge.index import knowledge_base_version
+from knowledge.language import common_word
 from knowledge.models import Article, CachedAnswer
 from scheduler.admission import CACHE, KnownAnswer
 from scheduler.generation import SamplingParams
@@ -64,17 +76,80 @@ _EMAIL = re.compile(r"[\w.+-]+@[\w-]+(\.[\w-]+)+")
 _PHONE = re.compile(r"\+?\d(?:[\s().-]*\d){6,}")
 _LONG_NUMBER = re.compile(r"\d{4,}")
 _CODE = re.compile(r"\b(?=[a-z]*\d)(?=\d*[a-z])[a-z0-9-]{5,}\b", re.IGNORECASE)
+_POSTCODE = re.compile(r"\b(?:[a-z]{1,2}\d[a-z\d]?|[a-z]\d[a-z])\s?\d[a-z]\w\b", re.IGNORECASE)  # UK, Canada
+_STREET = re.compile(
+    r"\b\d{1,3}[a-z]?,?\s+(?:[\w'-]+\s+){0,3}?"
+    r"(?:street|st|road|rd|avenue|ave|lane|boulevard|blvd|rue|chemin|allée|calle|avenida|paseo)\b"
+    r"|\b(?:\w*(?:straße|strasse|str\.|gasse|allee)|calle|avenida|paseo)\s+(?:[\w'-]+\s+){0,3}?\d{1,3}\b",
+    re.IGNORECASE,
+)
+_NAME = r"(?P<name>[^\W\d_][\w'-]*)"
+_TITLE = r"mr|mrs|ms|miss|dr|monsieur|madame|mademoiselle|mme|señor|señora|señorita|sr|sra|herr|frau"
+# A greeting, thanks or sign-off, then a capitalised word that is not a common one: a name.
+_GREETED = re.compile(
+    r"\b(?:hi|hello|hey|dear|good (?:morning|afternoon|evening)|thanks|thank you|regards|cheers"
+    r"|bonjour|bonsoir|salut|merci|cher|chère|cordialement|hola|buenos días|buenas tardes|gracias"
+    r"|querido|querida|estimado|estimada|saludos|hallo|guten (?:tag|morgen|abend)|liebe|lieber|danke"
+    rf"|grüße|gruß)\b[\s,]+(?:(?:{_TITLE})\.?\s+)?{_NAME}",
+    re.IGNORECASE,
+)
+_TITLED = re.compile(rf"\b(?:{_TITLE})\.?\s+{_NAME}", re.IGNORECASE)
+# Says who the asker is, whatever comes next.
+_SELF_NAMED = re.compile(
+    r"\b(?:my (?:first |last |full |sur)?name(?: is|'s)|my (?:home |delivery |shipping )?address is"
+    r"|i live at|je m'appelle|je me nomme|mon (?:pré)?nom est|mon adresse est|me llamo|mi nombre es"
+    r"|mi dirección es|ich hei(?:ß|ss)e|mein (?:vor|nach)?name ist|meine adresse (?:ist|lautet))\b",
+    re.IGNORECASE,
+)
+# Says who the asker is when a name follows: capitalised, or a word alone before a comma or the end.
+_INTRODUCED = re.compile(
+    rf"\b(?:i'm|i am|this is|je suis|c'est|ici|soy|aquí|le habla|ich bin|hier ist|hier spricht)\s+{_NAME}"
+    r"(?P<alone>\s*(?:[,.!;:]|$))?",
+    re.IGNORECASE,
+)
+_SIGNED_HERE = re.compile(rf"(?:^|[.!?,;:]\s*){_NAME}\s+here\b", re.IGNORECASE)  # "Maria here"
+_NOT_NAMES = frozenset({"there", "all", "everyone", "team", "customer", "friend", "sir", "madam", "again"})
 _WORD = re.compile(r"\w+")
 _NUMBER = re.compile(r"\d+")
 
 
-def personal_data_found(text: str, *, names: Iterable[str] = ()) -> bool:
-    """Whether `text` contains personal data by the rule above; `names` are the asker's own
-    (username, first and last name, the part of their email address before the @)."""
-    if _EMAIL.search(text) or _PHONE.search(text) or _LONG_NUMBER.search(text) or _CODE.search(text):
+def _data_found(text: str) -> bool:
+    return any(pattern.search(text) for pattern in (_EMAIL, _PHONE, _LONG_NUMBER, _CODE, _POSTCODE, _STREET))
+
+
+def _a_name(word: str) -> bool:
+    return word[:1].isupper() and not common_word(word) and word.casefold() not in _NOT_NAMES
+
+
+def _addressed_by_name(text: str) -> bool:
+    found = [*_GREETED.finditer(text), *_TITLED.finditer(text)]
+    return any(_a_name(match["name"]) for match in found)
+
+
+def _introduced(text: str) -> bool:
+    if _SELF_NAMED.search(text):
+        return True
+    if any(_a_name(match["name"]) for match in _SIGNED_HERE.finditer(text)):
+        return True
+    return any(
+        _a_name(match["name"]) or (match["alone"] is not None and not common_word(match["name"]))
+        for match in _INTRODUCED.finditer(text)
+    )
+
+
+def question_personal(text: str, *, names: Iterable[str] = ()) -> bool:
+    """Whether a question may not be looked up or stored, by the rule above; `names` are a
+    signed-in asker's own (account_names)."""
+    text = text.replace("\u2019", "'")
+    if _data_found(text) or _addressed_by_name(text) or _introduced(text):
         return True
     words = {word.casefold() for word in _WORD.findall(text)}
     return any(len(name) >= 3 and name.casefold() in words for name in names)
+
+
+def answer_personal(text: str) -> bool:
+    """Whether an answer may not be served, by the rule above."""
+    return _data_found(text) or _addressed_by_name(text)
 
 
 def account_names(user) -> list[str]:
@@ -96,6 +171,11 @@ def question_normalised(text: str) -> str:
 
 def question_hash(text: str) -> str:
     return hashlib.sha256(question_normalised(text).encode()).hexdigest()
+
+
+def _question_digest(text: str, vector: np.ndarray | None) -> str:
+    """The exact-match key: the normalised text's hash, or without a `vector` the text's own."""
+    return question_hash(text) if vector is not None else hashlib.sha256(text.encode()).hexdigest()
 
 
 def _context_hash(parts: dict) -> str:
@@ -274,7 +354,7 @@ def _servable(
             generation.status == Generation.Status.DONE
             and generation.finish_reason == "stop"
             and generation.text.strip()
-            and not personal_data_found(generation.text)
+            and not answer_personal(generation.text)
         )
         if not good:
             entry.delete()  # a failed, cut or personal answer is never served; a new one may be stored
@@ -289,7 +369,7 @@ def _find(
     shelf = _index.shelf(variant, context)
     if shelf is None:
         return None
-    candidates = _candidates(shelf, question_hash(question), vector)
+    candidates = _candidates(shelf, _question_digest(question, vector), vector)
     if not candidates:
         return None
     entries = CachedAnswer.objects.select_related("generation").in_bulk([i for i, _ in candidates])
@@ -298,7 +378,7 @@ def _find(
 
 def answer_lookup(*, variant: str, context: str, question: str, vector: np.ndarray | None) -> Lookup:
     """The cached answer to a first-turn question, if one may be served (see the module); by
-    its text alone (an exact match) without the question's `vector`."""
+    its very text alone without the question's `vector`."""
     started = time.perf_counter()
     found = _find(variant=variant, context=context, question=question, vector=vector)
     lookup_ms = round((time.perf_counter() - started) * 1000, 3)
@@ -337,14 +417,16 @@ def answer_remember(
     question: str,
     vector: np.ndarray | None,
     kb_version: int,
+    help_center: bool,
     source_slugs: Iterable[str],
     request_id: str,
 ) -> CachedAnswer | None:
     """Remember a first-turn question whose answer is being generated; it is served once that
     answer finished well. None when the answer was written from an older knowledge base (an
     article changed while the prompt was built), or the question is already remembered.
-    Without its `vector`, the question is matched by its text only."""
-    digest = question_hash(question)
+    Without its `vector`, the question is matched by its very text only. `help_center`: the
+    answer's prompt was built with the help center (answers_invalidate)."""
+    digest = _question_digest(question, vector)
     if vector is None:
         vector = np.zeros(EMBEDDING_DIM, dtype=np.float32)  # scores 0: never a semantic match
     with transaction.atomic():
@@ -361,6 +443,7 @@ def answer_remember(
             question_hash=digest,
             embedding=vector.astype("<f4").tobytes(),
             kb_version=kb_version,
+            help_center=help_center,
             generation_id=request_id,
         )
         entry.sources.set(Article.objects.filter(slug__in=list(source_slugs)))
@@ -399,20 +482,29 @@ def answer_forget_served(*, variant: Variant, question: str, vector: np.ndarray)
         found[0].delete()
 
 
-def answers_invalidate(*, article: Article, new_version: int, added: bool) -> int:
+def answers_invalidate(*, article: Article, passages: np.ndarray, new_version: int) -> int:
     """Called in the transaction of an article change that raises the version to
-    `new_version`: drop the generated entries the article fed (and, when it adds text to the
-    help center, the ones nothing fed, which said they did not know), and carry the others to
-    the new version. Returns how many were dropped."""
-    doomed = set(CachedAnswer.objects.filter(pinned_answer="", sources=article).values_list("pk", flat=True))
-    if added:
-        doomed |= set(
-            CachedAnswer.objects.filter(pinned_answer="", sources__isnull=True).values_list("pk", flat=True)
-        )
+    `new_version`; `passages`: the embeddings of the article's chunks before and after it.
+
+    A cached answer must never contradict the help center as it is now. An answer written with
+    the help center saw the excerpts retrieval picked for its question: the chunks scoring at
+    least KNOWLEDGE_MIN_SCORE. If none of the article's passages, old or new, scores that much
+    against the question, the excerpts, and so the prompt, are what they would be now: the
+    entry is carried to the new version. Otherwise (the article fed it, or now has something
+    on it) it is dropped. Entries written without the help center (/v1, variants with it off)
+    never read an article and are all carried; pinned ones outlive edits. Returns how many
+    were dropped."""
+    current = CachedAnswer.objects.filter(pinned_answer="", kb_version=new_version - 1)
+    doomed = set(current.filter(sources=article).values_list("pk", flat=True))
+    if len(passages):
+        rows = current.filter(help_center=True).values_list("pk", "embedding")
+        for entry_id, embedding in rows.iterator(chunk_size=2000):
+            scores = np.einsum("ij,j->i", passages, np.frombuffer(embedding, dtype="<f4"))
+            if scores.max() >= settings.KNOWLEDGE_MIN_SCORE:
+                doomed.add(entry_id)
     _, deleted = CachedAnswer.objects.filter(pk__in=doomed).delete()
-    dropped = deleted.get(CachedAnswer._meta.label, 0)
-    CachedAnswer.objects.filter(pinned_answer="", kb_version=new_version - 1).update(kb_version=new_version)
+    current.update(kb_version=new_version)
     # Entries of older versions (a question remembered while an article changed) never answer.
     CachedAnswer.objects.filter(pinned_answer="", kb_version__lt=new_version).delete()
     transaction.on_commit(_index.forget)
-    return dropped
+    return deleted.get(CachedAnswer._meta.label, 0)

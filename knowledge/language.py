@@ -22,6 +22,11 @@ _STOPWORDS = {language: frozenset(words.split()) for language, words in _COMMON_
 _WORD = re.compile(r"\w+", re.UNICODE)
 
 
+def common_word(word: str) -> bool:
+    """Whether `word` is one of the common words of any of these languages (never a name)."""
+    return any(word.lower() in common for common in _STOPWORDS.values())
+
+
 def text_language(text: str) -> str | None:
     """The language whose common words the text uses most, or None for none at all."""
     words = [word.lower() for word in _WORD.findall(text)]

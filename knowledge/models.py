@@ -28,6 +28,18 @@ class Article(models.Model):
         return self.title
 
 
+class FormerSlug(models.Model):
+    """An address an article had before it moved: /help/<slug> still leads to it, so the links
+    under earlier answers (Message.sources keeps the slug) and bookmarks keep working. The
+    article that last left an address owns it; a live article at that address comes first."""
+
+    slug = models.SlugField(max_length=100, unique=True)
+    article = models.ForeignKey(Article, related_name="former_slugs", on_delete=models.CASCADE)
+
+    def __str__(self) -> str:
+        return f"{self.slug} -> {self.article.slug}"
+
+
 class Chunk(models.Model):
     """A passage of an article (a section, or part of one) and its sentence embedding."""
 
@@ -68,6 +80,9 @@ class CachedAnswer(models.Model):
     # float32 little-endian, unit length (knowledge.embedding.EMBEDDING_DIM values).
     embedding = models.BinaryField()
     kb_version = models.PositiveBigIntegerField()
+    # The answer's prompt held the help center's excerpts (chat with the help center on); an
+    # article change may then make it stale. /v1 answers and the others never read an article.
+    help_center = models.BooleanField(default=True)
     sources = models.ManyToManyField(Article, related_name="cached_answers", blank=True)
     generation = generation_link("cached_answer")
     pinned_answer = models.TextField(blank=True)  # non-empty: staff approved this answer

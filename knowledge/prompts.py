@@ -5,6 +5,7 @@ quality score build them here, so the score measures what customers get."""
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 
 import numpy as np
@@ -50,6 +51,28 @@ UNKNOWN_REPLIES = {
 }
 
 
+# A message made only of greetings, thanks and pleasantries needs no fact from the help center:
+# the model greets back (NO_HELP_CENTER_MATCH_PROMPT) rather than the customer hearing that we
+# know nothing about "Hi". Anything more ("Hi, do you have a shop in Paris?") is a question.
+_SMALL_TALK_PHRASES = (
+    r"hi|hello|hey|hiya|howdy|greetings|good (?:morning|afternoon|evening|day)|there|everyone"
+    r"|thanks?(?: you)?(?: (?:so|very) much)?|thx|cheers|how are you(?: doing)?(?: today)?"
+    r"|how's it going|(?:are you|is any ?one) there|ok(?:ay)?|bye|goodbye|have a (?:nice|good) day"
+    r"|bonjour|bonsoir|salut|coucou|merci(?: beaucoup)?|ça va|comment (?:allez-vous|ça va)|au revoir"
+    r"|bonne journée|hola|buen(?:os|as) (?:días|tardes|noches)|buenas|(?:muchas )?gracias|qué tal"
+    r"|cómo (?:estás|está)|adiós|hasta luego|hallo|guten (?:morgen|tag|abend)|servus|moin"
+    r"|danke(?: schön| sehr)?|wie geht's|wie geht es ihnen|tschüss|auf wiedersehen"
+)
+_SMALL_TALK = re.compile(rf"(?:\W*\b(?:{_SMALL_TALK_PHRASES})\b)+\W*", re.IGNORECASE)
+SMALL_TALK_MAX_CHARS = 80  # longer is never only a greeting, and the pattern is not run on it
+
+
+def small_talk(message: str) -> bool:
+    """Whether `message` is only a greeting, thanks or pleasantry, in one of the four languages."""
+    message = message.strip().replace("\u2019", "'")
+    return len(message) <= SMALL_TALK_MAX_CHARS and _SMALL_TALK.fullmatch(message) is not None
+
+
 def unknown_reply(question: str) -> str:
     return UNKNOWN_REPLIES.get(text_language(question) or "en", UNKNOWN_REPLIES["en"])
 
@@ -60,7 +83,8 @@ class SystemPrompt:
     excerpt_chars: int  # characters of help-center excerpts in `text`
     sources: tuple[Source, ...]  # the articles quoted, best first
     kb_version: int | None = None  # the knowledge base searched; None: not searched
-    # The help center has articles and none is relevant enough to the question.
+    # The help center has articles, none is relevant enough, and the message asks for something
+    # (it is not small talk): what a variant's `unknown_reply` answers.
     found_nothing: bool = False
 
 
@@ -83,7 +107,11 @@ def system_prompt_build(
         return SystemPrompt(assistant_prompt, 0, ())
     if not found.excerpts:
         return SystemPrompt(
-            f"{assistant_prompt}\n\n{NO_HELP_CENTER_MATCH_PROMPT}", 0, (), found.version, found.searched
+            f"{assistant_prompt}\n\n{NO_HELP_CENTER_MATCH_PROMPT}",
+            0,
+            (),
+            found.version,
+            found_nothing=found.searched and not small_talk(question),
         )
     excerpts = "\n\n".join(
         f"## {excerpt.source.title}{f' / {excerpt.heading}' if excerpt.heading else ''}\n{excerpt.text}"

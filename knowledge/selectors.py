@@ -20,6 +20,7 @@ __all__ = [
     "HelpCenterExcerpts",
     "Source",
     "article_public",
+    "article_public_moved_from",
     "articles_all",
     "articles_public",
     "help_center_excerpts",
@@ -112,3 +113,8 @@ def articles_public() -> QuerySet[Article]:
 
 def article_public(*, slug: str) -> Article | None:
     return articles_public().filter(slug=slug).first()
+
+
+def article_public_moved_from(*, slug: str) -> Article | None:
+    """The public article that was at `slug` before it moved (FormerSlug)."""
+    return articles_public().filter(former_slugs__slug=slug).first()

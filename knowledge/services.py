@@ -10,15 +10,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from django.db import transaction
 from django.db.models import F
 from django.utils.text import slugify
 
 from knowledge.cache import answers_invalidate
 from knowledge.chunking import article_chunks
-from knowledge.embedding import embed
+from knowledge.embedding import EMBEDDING_DIM, embed
 from knowledge.index import current_index
-from knowledge.models import Article, Chunk, KnowledgeBase
+from knowledge.models import Article, Chunk, FormerSlug, KnowledgeBase
 
 
 class ArticleFileRejected(ValueError):
@@ -32,12 +33,25 @@ class ArticleFile:
     body: str
 
 
-def _version_raise(article: Article, *, added: bool) -> None:
-    """A new version for a change to `article`, and the cached answers it fed dropped (`added`:
-    the change brings text the help center did not have: a new or restored article)."""
+def _passages(article: Article) -> np.ndarray:
+    """The embeddings of the article's chunks as stored (none for an article not saved yet)."""
+    if article.pk is None:
+        return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
+    rows = b"".join(bytes(vector) for vector in article.chunks.values_list("embedding", flat=True))
+    return np.frombuffer(rows, dtype="<f4").reshape(-1, EMBEDDING_DIM)
+
+
+def _version_raise(article: Article, *, passages_before: np.ndarray) -> None:
+    """A new version for a change to `article`, and the cached answers it may have made stale
+    dropped: those its passages before (`passages_before`) or after the change bear on
+    (knowledge.cache.answers_invalidate)."""
     if not KnowledgeBase.objects.filter(pk=1).update(version=F("version") + 1):
         KnowledgeBase.objects.get_or_create(pk=1, defaults={"version": 1})
-    answers_invalidate(article=article, new_version=KnowledgeBase.objects.get(pk=1).version, added=added)
+    answers_invalidate(
+        article=article,
+        passages=np.concatenate([passages_before, _passages(article)]),
+        new_version=KnowledgeBase.objects.get(pk=1).version,
+    )
     # This process searches the new version at once; the others notice within VERSION_CHECK_S.
     transaction.on_commit(current_index.forget)
 
@@ -58,24 +72,30 @@ def article_create(*, slug: str, title: str, body: str) -> Article:
     article = Article(slug=slug, title=title.strip(), body=body.strip())
     article.full_clean()
     with transaction.atomic():
+        passages_before = _passages(article)
         article.save()
         _chunks_replace(article)
-        _version_raise(article, added=True)
+        _version_raise(article, passages_before=passages_before)
     return article
 
 
 def article_update(*, article: Article, title: str, body: str, slug: str | None = None) -> bool:
-    """False when nothing changed (no new version)."""
+    """False when nothing changed (no new version). A new `slug` keeps the old address leading
+    to the article (FormerSlug)."""
     title, body = title.strip(), body.strip()
-    slug = article.slug if slug is None else slug
+    former_slug = article.slug
+    slug = former_slug if slug is None else slug
     if (article.slug, article.title, article.body) == (slug, title, body):
         return False
     article.slug, article.title, article.body = slug, title, body
     article.full_clean()
     with transaction.atomic():
+        passages_before = _passages(article)
         article.save()
+        if slug != former_slug:
+            FormerSlug.objects.update_or_create(slug=former_slug, defaults={"article": article})
         _chunks_replace(article)
-        _version_raise(article, added=True)
+        _version_raise(article, passages_before=passages_before)
     return True
 
 
@@ -86,7 +106,8 @@ def article_status_set(*, article: Article, status: Article.Status) -> bool:
     with transaction.atomic():
         article.status = status
         article.save(update_fields=["status", "updated_at"])
-        _version_raise(article, added=status == Article.Status.ACTIVE)
+        # Its chunks stay (a retired article's are only left out of the index): before = after.
+        _version_raise(article, passages_before=_passages(article))
     return True
 
 

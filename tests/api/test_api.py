@@ -15,6 +15,7 @@ from accounts.models import User
 from api import keys as api_keys
 from api.models import ApiKey
 from knowledge import cache as answer_cache
+from knowledge import services as knowledge_services
 from scheduler import keys, workers
 from scheduler.generation import Tier
 from scheduler.models import CanaryRouting, Generation, TierPolicy, Variant
@@ -668,6 +669,42 @@ def test_a_call_sampled_without_a_seed_is_never_answered_from_the_result_cache(k
         "miss",
         "exact",
     ]
+    answer_cache._index.forget()
+
+
+def test_a_call_is_answered_from_the_result_cache_only_for_the_very_same_text(key):
+    """Another spelling is another prompt to the model: vllm serve could answer it otherwise."""
+    answer_cache._index.forget()
+    body = HELLO | {"stream": True, "temperature": 0}
+    assert _post(Client(), key, body).status_code == 200
+    [first] = worker_double.queued("normal")
+    worker_double.answer(first["request_id"], "It left our warehouse today.")
+
+    respelled = body | {"messages": [{"role": "user", "content": "where is my order"}]}
+    assert _post(Client(), key, respelled).status_code == 200
+    assert _post(Client(), key, body).status_code == 200
+    assert list(Generation.objects.filter(origin="api").order_by("id").values_list("cache", flat=True)) == [
+        "miss",
+        "miss",
+        "exact",
+    ]
+    answer_cache._index.forget()
+
+
+def test_a_cached_answer_survives_article_edits_the_api_never_reads(key):
+    """A /v1 prompt is the caller's messages: no help-center change can make its answer stale."""
+    answer_cache._index.forget()
+    body = HELLO | {"stream": True, "temperature": 0}
+    assert _post(Client(), key, body).status_code == 200
+    [first] = worker_double.queued("normal")
+    worker_double.answer(first["request_id"], "It left our warehouse today.")
+
+    knowledge_services.article_create(
+        slug="order-tracking", title="Tracking an order", body="Follow your order from your shipping email."
+    )
+
+    assert _post(Client(), key, body).status_code == 200
+    assert Generation.objects.filter(cache="exact").count() == 1
     answer_cache._index.forget()
 
 

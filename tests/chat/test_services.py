@@ -16,9 +16,12 @@ from chat.services import (
     conversation_new,
     message_post,
 )
+from knowledge import services as knowledge_services
+from knowledge.prompts import UNKNOWN_REPLIES
 from scheduler import keys
 from scheduler.admission import AdmissionRefused
 from scheduler.redis import sync_redis
+from tests import worker_double
 from tests.generation_jobs import MODEL
 
 # Committed transactions: each poster is a thread with its own database connection.
@@ -86,3 +89,40 @@ def test_concurrent_first_messages_to_one_offered_conversation_accept_one_and_re
     conversation = Conversation.objects.get(pk=conversation_id)
     assert conversation.messages.filter(role=Message.Role.USER).count() == 1
     assert sum(sync_redis().xlen(keys.queue(MODEL, tier)) for tier in keys.TIERS) == 1
+
+
+def _first_message(text: str) -> Message:
+    """Post `text` as the first message of a new conversation, with a help center that has
+    something on returns and nothing else; the assistant's message."""
+    knowledge_services.article_create(
+        slug="returns-policy", title="Returns policy", body="You can return most items within 30 days."
+    )
+    alice = User.objects.create_user("alice", password="pw")
+    conversation = Conversation.objects.create(owner=alice)
+    posted = message_post(conversation=conversation, text=text, tier="normal", client_id=f"user:{alice.pk}")
+    return posted.assistant_message
+
+
+@pytest.mark.parametrize(
+    "greeting", ["Hi", "Hello!", "Bonjour", "Good morning, how are you?", "Hola, ¿qué tal?"]
+)
+def test_a_first_message_that_only_greets_is_answered_by_the_model_told_to_greet_back(greeting):
+    answer = _first_message(greeting)
+    (job,) = worker_double.queued("normal")
+    assert job["request_id"] == str(answer.generation_id)
+    assert "If it is a greeting or thanks, reply briefly." in job["messages"][0]["content"]
+    assert answer.generation.status == "pending"  # not the reply that we know nothing about it
+
+
+@pytest.mark.parametrize(
+    ("question", "language"),
+    [
+        ("What is the capital of France?", "en"),
+        ("Hi, do you have a shop in Paris?", "en"),
+        ("Bonjour, avez-vous un magasin à Paris ?", "fr"),
+    ],
+)
+def test_a_first_question_the_help_center_cannot_answer_still_gets_the_honest_reply(question, language):
+    answer = _first_message(question)
+    assert worker_double.queued("normal") == []
+    assert (answer.generation.engine, answer.generation.text) == ("help-center", UNKNOWN_REPLIES[language])

@@ -45,3 +45,18 @@ def test_retired_and_unknown_articles_are_not_found():
     assert Client().get("/help/old").status_code == 404
     assert Client().get("/help/never-was").status_code == 404
     assert "/help/old" not in Client().get("/help/").content.decode()
+
+
+def test_an_article_that_moves_keeps_its_old_addresses_for_earlier_links():
+    """Answers store the address of the article they quoted; moving it must not break them."""
+    article = services.article_create(slug="returns-policy", title="Returns", body="30 days.")
+    for slug in ("returns", "returns-and-refunds"):
+        services.article_update(article=article, title=article.title, body=article.body, slug=slug)
+
+    for old in ("returns-policy", "returns"):
+        response = Client().get(f"/help/{old}")
+        assert (response.status_code, response["Location"]) == (301, "/help/returns-and-refunds")
+    assert "<h1>Returns</h1>" in Client().get("/help/returns-policy", follow=True).content.decode()
+
+    services.article_status_set(article=article, status=Article.Status.RETIRED)
+    assert Client().get("/help/returns-policy").status_code == 404
