@@ -1,0 +1,43 @@
+"""nginx as `make run` and the multi-host test start it (launcher/nginx.py, deploy/nginx.conf):
+the chat page and everything it links to come through it."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from launcher.nginx import Nginx
+from launcher.process import ROOT, free_port
+from launcher.stack import Stack
+
+
+def static_links(page: str) -> list[str]:
+    """The /static/ URLs a page's stylesheets and scripts load."""
+    return re.findall(r'<(?:link|script)\b[^>]*\b(?:href|src)="(/static/[^"]+)"', page)
+
+
+@pytest.fixture
+def nginx_in_front(tmp_path):
+    stack = Stack(tmp_path, INFERENCE_ENGINE="simulated")
+    nginx = Nginx(tmp_path / "nginx", port=free_port(), upstreams=[f"127.0.0.1:{stack.port}"])
+    try:
+        stack.start(worker=False)
+        nginx.start()
+        yield nginx
+    finally:
+        nginx.stop()
+        stack.stop()
+
+
+def test_the_chat_page_loads_its_styles_and_scripts_through_nginx(nginx_in_front):
+    with httpx.Client(base_url=nginx_in_front.base_url, timeout=10) as browser:
+        page = browser.get("/")
+        assert page.status_code == 200
+        links = static_links(page.text)
+        assert {"/static/chat/chat.css", "/static/chat/chat.js", "/static/vendor/htmx.min.js"} <= set(links)
+        for link in links:
+            response = browser.get(link)
+            assert response.status_code == 200, link
+            assert response.content == (ROOT / "static" / link.removeprefix("/static/")).read_bytes(), link
