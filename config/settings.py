@@ -253,12 +253,14 @@ GENERATION_TOP_P = env_float("GENERATION_TOP_P", 0.95)
 # The shipped variants' frequency penalty (0: none), chosen by the quality score.
 GENERATION_FREQUENCY_PENALTY = env_float("GENERATION_FREQUENCY_PENALTY", 1.0)
 GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
+# A quiet stream sends a heartbeat this often; the proxy ends a stream silent for three of them
+# (deploy/nginx.conf: 45 s), as one whose web host vanished.
 SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
 SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 2.0)
 RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
 # The read timeout of the proxy in front of the web processes (deploy/nginx.conf: 10 min for
-# /v1/, 1 h for streams); 0 when nothing sits in front. Streams stay open by sending
-# heartbeats more often; a non-streamed API answer must arrive within it.
+# /v1/); 0 when nothing sits in front. Streams stay open by sending heartbeats more often; a
+# non-streamed API answer must arrive within it.
 PROXY_READ_TIMEOUT_S = env_float("PROXY_READ_TIMEOUT_S", 600.0)
 
 # --- OpenAI-compatible API and batch jobs ----------------------------------------------------

@@ -2,7 +2,8 @@
 
 A process started on a host (`Place.command`) sees only that host's network: its own loopback
 and its address on the bridge, so hosts reach each other only over the bridge, as separate
-machines do over a LAN, and a killed host's connections end as a dead machine's do. The
+machines do over a LAN. A host can also be unplugged from the bridge: what it runs goes on,
+unheard, and nothing it had open is closed, as when a machine loses power or its network. The
 machine itself sits on the bridge at `.1`. Needs root (`ip netns`, veth pairs).
 """
 
@@ -29,6 +30,7 @@ class Network:
         self.subnet = subnet
         self.bridge = f"{prefix}-br"
         self.hosts: dict[str, Place] = {}
+        self._cables: dict[str, str] = {}  # host -> its veth's end on the bridge
 
     @property
     def gateway(self) -> str:
@@ -55,7 +57,15 @@ class Network:
         _ip("-n", namespace, "link", "set", "lo", "up")
         place = Place(address=address, prefix=("ip", "netns", "exec", namespace))
         self.hosts[name] = place
+        self._cables[name] = outside
         return place
+
+    def unplug(self, name: str) -> None:
+        """The host drops off the network: its packets go nowhere and nobody's reach it."""
+        _ip("link", "set", self._cables[name], "down")
+
+    def plug(self, name: str) -> None:
+        _ip("link", "set", self._cables[name], "up")
 
     def destroy(self) -> None:
         """Remove every namespace with this prefix, and the bridge (their veths go with them)."""
@@ -65,4 +75,4 @@ class Network:
             if namespace.startswith(f"{self.prefix}-"):
                 _ip("netns", "delete", namespace, check=False)
         _ip("link", "delete", self.bridge, check=False)
-        self.hosts = {}
+        self.hosts, self._cables = {}, {}

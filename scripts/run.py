@@ -64,11 +64,13 @@ def web_processes(env: dict[str, str]) -> list[Process]:
         )
     ports = [PORT + n for n in range(1, WEB_PROCESSES + 1)]
     webs = [start("web", web_command("127.0.0.1", port), env, label=f"web-{port}") for port in ports]
+    heartbeat = env.get("SSE_HEARTBEAT_S")
     nginx = Nginx(
         VAR / "nginx",
         port=PORT,
         place=Place(address=HOST),
         upstreams=[f"127.0.0.1:{port}" for port in ports],
+        sse_heartbeat_s=float(heartbeat) if heartbeat else None,
         output=Prefixed("nginx", COLORS["nginx"]),
     )
     nginx.start()

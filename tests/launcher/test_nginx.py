@@ -7,15 +7,12 @@ import re
 
 import httpx
 import pytest
+from django.conf import settings
 
-from launcher.nginx import Nginx
+from launcher.nginx import STREAM_SILENT_HEARTBEATS, Nginx, nginx_config
 from launcher.process import ROOT, free_port
 from launcher.stack import Stack
-
-
-def static_links(page: str) -> list[str]:
-    """The /static/ URLs a page's stylesheets and scripts load."""
-    return re.findall(r'<(?:link|script)\b[^>]*\b(?:href|src)="(/static/[^"]+)"', page)
+from tests.e2e.client import static_links
 
 
 @pytest.fixture
@@ -41,3 +38,16 @@ def test_the_chat_page_loads_its_styles_and_scripts_through_nginx(nginx_in_front
             response = browser.get(link)
             assert response.status_code == 200, link
             assert response.content == (ROOT / "static" / link.removeprefix("/static/")).read_bytes(), link
+
+
+def test_streams_silent_for_three_heartbeats_are_ended(tmp_path):
+    def stream_read_timeout(config: str) -> str:
+        stream = config[config.index("location /chat/stream/") :]
+        return re.search(r"proxy_read_timeout (\S+);", stream[: stream.index("}")]).group(1)
+
+    deployed = nginx_config(listen="127.0.0.1:80", upstreams=["127.0.0.1:8001"], workdir=tmp_path)
+    assert stream_read_timeout(deployed) == f"{STREAM_SILENT_HEARTBEATS * settings.SSE_HEARTBEAT_S:g}s"
+    fast = nginx_config(
+        listen="127.0.0.1:80", upstreams=["127.0.0.1:8001"], workdir=tmp_path, sse_heartbeat_s=0.5
+    )
+    assert stream_read_timeout(fast) == "1500ms"

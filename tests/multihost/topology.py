@@ -141,6 +141,7 @@ class MultiHost:
             self.workdir / "lb",
             port=80,
             upstreams=[f"{self.address(host)}:{WEB_PORT}" for host in ("web1", "web2")],
+            sse_heartbeat_s=float(self.settings_env["SSE_HEARTBEAT_S"]),
             place=self.places["lb"],
         )
         self.nginx.start()
@@ -178,8 +179,17 @@ class MultiHost:
         return process
 
     def kill(self, host: str) -> None:
-        """The host dies: its process and everything it started end at once."""
+        """The host's processes die: they and everything they started end at once, and its
+        kernel closes their connections."""
         self.processes.pop(host).kill()
+
+    def unplug(self, host: str) -> None:
+        """The host vanishes (power, network): its processes go on, unheard, and none of their
+        connections is closed; the others find out only by timeouts."""
+        self.network.unplug(host)
+
+    def plug(self, host: str) -> None:
+        self.network.plug(host)
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until nginx answers /readyz (Redis, database, a live worker) through each web host."""
