@@ -200,6 +200,9 @@ if REDIS_SENTINELS:
     CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {"socket_timeout": 2}
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
+# No results, so none to expire: without this, beat adds a daily `celery.backend_cleanup` on a
+# crontab schedule, which config.beat cannot send once a period.
+CELERY_RESULT_EXPIRES = None
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Batch job slices run for a minute each on their own queue and worker (`celery worker -Q

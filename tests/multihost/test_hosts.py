@@ -142,32 +142,48 @@ def test_the_chat_page_loads_its_styles_and_scripts_through_nginx(hosts):
             assert response.content == (ROOT / "static" / link.removeprefix("/static/")).read_bytes(), link
 
 
-def test_two_beats_send_each_periodic_task_once_a_period(hosts):
-    """Both Celery hosts run beat; canary-evaluate (every 2 s) is sent by one of them each time."""
+def _beat_sends(hosts: MultiHost, task: str) -> list[tuple[datetime, str]]:
+    """(when, by which Celery host) each time a beat sent `task`, in order, from their logs."""
+    sends = []
+    for host in ("celery1", "celery2"):
+        for line in hosts.log(host).read_text().splitlines():
+            if f"Sending due task {task} " in line:
+                stamp = re.match(r"\[(\S+ \S+): ", line).group(1)
+                sends.append((datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f"), host))
+    return sorted(sends)
+
+
+def test_two_beats_send_each_periodic_task_once_a_period_and_on_when_one_host_dies(hosts):
+    """Both Celery hosts run beat; canary-evaluate (every 2 s) is sent by one of them each
+    period, never twice and never missed, also across the death of the host that sent it."""
     period_s, tolerance_s = 2.0, 0.2  # CANARY_EVALUATION_S; config.beat allows a tenth of it
 
-    def sends() -> list[datetime]:
-        times = []
-        for host in ("celery1", "celery2"):
-            for line in hosts.log(host).read_text().splitlines():
-                if "Sending due task canary-evaluate" in line:
-                    stamp = re.match(r"\[(\S+ \S+): ", line).group(1)
-                    times.append(datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f"))
-        return sorted(times)
-
-    def skipped() -> bool:
-        return any(
-            "canary-evaluate already sent this period" in hosts.log(h).read_text()
-            for h in ("celery1", "celery2")
-        )
+    def sends() -> list[tuple[datetime, str]]:
+        return _beat_sends(hosts, "canary-evaluate")
 
     deadline = time.monotonic() + DEADLINE_S
-    while len(sends()) < 6 or not skipped():
-        assert time.monotonic() < deadline, "six sends, and a beat finding one already sent"
-        time.sleep(0.2)
-    times = sends()
-    gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(times)]
-    assert min(gaps) >= period_s - tolerance_s, f"sent twice in a period: gaps {gaps}"
+    while len(sends()) < 4:
+        assert time.monotonic() < deadline, "four sends"
+        time.sleep(0.05)
+    seen = len(sends())
+    while len(sends()) == seen:  # a send just now: its host dies before the next
+        assert time.monotonic() < deadline, "a send"
+        time.sleep(0.02)
+    dead = sends()[-1][1]
+    hosts.kill(dead)
+    try:
+        killed = len(sends())
+        while len(sends()) < killed + 3:
+            assert time.monotonic() < deadline, "three sends after a Celery host died"
+            time.sleep(0.2)
+        times = [when for when, _ in sends()]
+        gaps = [(later - earlier).total_seconds() for earlier, later in itertools.pairwise(times)]
+        assert min(gaps) >= period_s - tolerance_s, f"sent twice in a period: gaps {gaps}"
+        assert max(gaps) <= period_s + tolerance_s, f"a period without a send: gaps {gaps}"
+        assert {host for _, host in sends()[killed:]} == {"celery1", "celery2"} - {dead}
+        print(f"\n{dead} died after sending: the other beat sent {gaps[killed - 1]:.2f} s after it")
+    finally:
+        hosts.start_celery(dead)
 
 
 def test_a_web_host_vanishes_mid_answer_and_its_streams_resume_exactly_on_the_other(hosts):
