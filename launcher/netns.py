@@ -67,6 +67,11 @@ class Network:
     def plug(self, name: str) -> None:
         _ip("link", "set", self._cables[name], "up")
 
+    def cut(self, name: str, to_address: str) -> None:
+        """What the host sends to `to_address` goes nowhere, silently (a one-way fault); what
+        it sends elsewhere, and what it receives, still arrive."""
+        _ip("-n", f"{self.prefix}-{name}", "route", "add", "blackhole", f"{to_address}/32")
+
     def destroy(self) -> None:
         """Remove every namespace with this prefix, and the bridge (their veths go with them)."""
         listed = _ip("netns", "list", check=False).stdout.splitlines()

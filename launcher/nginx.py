@@ -42,7 +42,7 @@ def nginx_config(
     config, timed = _STREAM_READ_TIMEOUT.subn(stream_read_timeout, config)
     if (balanced, listening, timed) != (2, 1, 1):
         raise RuntimeError(
-            f"{DEPLOY_CONFIG} no longer has the two upstream blocks, listen line and stream timeout this expects"
+            f"{DEPLOY_CONFIG} no longer has the upstream blocks, listen line and stream timeout this expects"
         )
     local_files = "".join(
         f"    {directive} {workdir / name};\n"

@@ -98,13 +98,23 @@ def _take(followed: Followed, fields: dict[str, str]) -> None:
         followed.tokens = 0
 
 
-async def _ask(hosts: MultiHost, count: int) -> list[tuple[ChatClient, str]]:
-    """`count` guests each ask one question through nginx; returns (client, request_id)."""
+async def _ask(
+    hosts: MultiHost, count: int, *, base_url: str | None = None, retry_unavailable: bool = False
+) -> list[tuple[ChatClient, str]]:
+    """`count` guests each ask one question, through nginx unless given a web host's URL;
+    returns (client, request_id). With `retry_unavailable` a 503 is asked again after its
+    Retry-After, as a customer would."""
     asked = []
     for n in range(count):
-        client = ChatClient(hosts.base_url, timeout_s=30)
+        client = ChatClient(base_url or hosts.base_url, timeout_s=30)
         conversation = await client.open_page()
-        asked.append((client, await client.ask(conversation, f"Where is my order number {n}?")))
+        deadline = time.monotonic() + DEADLINE_S
+        response = await client.post_message(conversation, f"Where is my order number {n}?")
+        while retry_unavailable and response.status_code == 503 and time.monotonic() < deadline:
+            await asyncio.sleep(float(response.headers.get("Retry-After", "1")))
+            response = await client.post_message(conversation, f"Where is my order number {n}?")
+        assert response.status_code == 202, f"{response.status_code}: {response.text}"
+        asked.append((client, response.json()["request_id"]))
     return asked
 
 
@@ -142,15 +152,15 @@ def test_the_chat_page_loads_its_styles_and_scripts_through_nginx(hosts):
             assert response.content == (ROOT / "static" / link.removeprefix("/static/")).read_bytes(), link
 
 
-def _beat_sends(hosts: MultiHost, task: str) -> list[tuple[datetime, str]]:
-    """(when, by which Celery host) each time a beat sent `task`, in order, from their logs."""
-    sends = []
+def _celery_logged(hosts: MultiHost, pattern: str) -> list[tuple[datetime, str]]:
+    """(when, on which host) the Celery hosts logged a line matching `pattern`, in order."""
+    logged = []
     for host in ("celery1", "celery2"):
         for line in hosts.log(host).read_text().splitlines():
-            if f"Sending due task {task} " in line:
+            if re.search(pattern, line):
                 stamp = re.match(r"\[(\S+ \S+): ", line).group(1)
-                sends.append((datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f"), host))
-    return sorted(sends)
+                logged.append((datetime.strptime(stamp, "%Y-%m-%d %H:%M:%S,%f"), host))
+    return sorted(logged)
 
 
 def test_two_beats_send_each_periodic_task_once_a_period_and_on_when_one_host_dies(hosts):
@@ -159,7 +169,7 @@ def test_two_beats_send_each_periodic_task_once_a_period_and_on_when_one_host_di
     period_s, tolerance_s = 2.0, 0.2  # CANARY_EVALUATION_S; config.beat allows a tenth of it
 
     def sends() -> list[tuple[datetime, str]]:
-        return _beat_sends(hosts, "canary-evaluate")
+        return _celery_logged(hosts, r"Sending due task canary-evaluate ")
 
     deadline = time.monotonic() + DEADLINE_S
     while len(sends()) < 4:
@@ -255,26 +265,48 @@ def test_a_worker_host_dies_mid_answer_and_the_other_finishes_its_jobs_once(host
         hosts.start_worker("worker1")
 
 
-def test_the_redis_primary_dies_after_a_burst_and_every_accepted_request_completes(hosts):
-    primary = redis.Redis(host=hosts.address("redis1"), port=6379)
-    print(f"\nWAIT for the replica costs {_wait_cost_ms(primary):.3f} ms per submission (p50)")
+def test_the_redis_primary_dies_and_every_request_accepted_with_wait_completes(hosts):
+    """web1 accepts a submission once a replica has it (REDIS_WAIT_REPLICAS=1), web2 is given
+    REDIS_WAIT_REPLICAS=0. Twenty requests are accepted through web1; then what the primary sends
+    the replica is lost on the way, and three submissions go to each web host before the primary
+    dies: web1 refuses its three (503), web2 accepts its three, which the promoted replica never
+    had. The twenty are all answered; afterwards a new question through nginx is answered and
+    streamed, and Celery's periodic task runs again, all on the new primary."""
+    hosts.stop_process("web2")
+    hosts.start_web("web2", REDIS_WAIT_REPLICAS="0")
+    hosts.wait_ready()
+    web1, web2 = hosts.web_url("web1"), hosts.web_url("web2")
+    with_wait_ms, without_wait_ms = asyncio.run(_submission_ms(with_wait=web1, without_wait=web2))
+    print(
+        f"\nsubmission through the web (p50 of 40): {with_wait_ms:.2f} ms with WAIT, "
+        f"{without_wait_ms:.2f} ms without; Redis alone: WAIT adds "
+        f"{_wait_cost_ms(hosts.redis_client('redis1')):.3f} ms (p50)"
+    )
 
-    async def burst() -> list[str]:
-        asked = await _ask(hosts, 20)
+    async def burst_then_cut() -> tuple[list[str], list[int], list[str]]:
+        asked = await _ask(hosts, 20, base_url=web1)
+        hosts.cut("redis1", "redis2")  # the replica hears nothing more from the primary
+        refused, accepted = await asyncio.gather(_post(web1, 3), _post(web2, 3))
         for client, _ in asked:
             await client.http.aclose()
-        return [request_id for _, request_id in asked]
+        return [request_id for _, request_id in asked], [status for status, _ in refused], accepted
 
-    request_ids = asyncio.run(burst())  # every one a 202
+    request_ids, refused, accepted = asyncio.run(burst_then_cut())
+    primary, replica = hosts.redis_client("redis1"), hosts.redis_client("redis2")
+    accepted_ids = [request_id for status, request_id in accepted if status == 202]
+    assert refused == [503, 503, 503], "with WAIT, a submission the replica did not confirm is refused"
+    assert len(accepted_ids) == 3, f"without WAIT, the primary alone accepts: {accepted}"
+    assert all(_in_redis(primary, rid) and not _in_redis(replica, rid) for rid in accepted_ids)
     killed_at = time.monotonic()
     hosts.redis["redis1"].kill()
 
-    sentinel = redis.Redis(host=hosts.address("sentinel1"), port=26379, decode_responses=True)
+    sentinel = hosts.redis_client("sentinel1")
     deadline = time.monotonic() + DEADLINE_S
     while sentinel.sentinel_get_master_addr_by_name(MASTER_NAME)[0] != hosts.address("redis2"):
         assert time.monotonic() < deadline, "Sentinel did not promote the replica"
         time.sleep(0.05)
     promoted_s = time.monotonic() - killed_at
+    promoted_at = datetime.now()
 
     def answered() -> bool:
         return all(
@@ -287,9 +319,71 @@ def test_the_redis_primary_dies_after_a_burst_and_every_accepted_request_complet
     answered_s = time.monotonic() - killed_at
     for request_id, answers in _stored(hosts, request_ids).items():
         assert len(answers) == 1 and answers[0][0] == "done" and answers[0][1], f"{request_id}: {answers}"
+    assert not any(_in_redis(replica, rid) for rid in accepted_ids), "lost: accepted without WAIT"
+    never_answered = {status for answers in _stored(hosts, accepted_ids).values() for status, _ in answers}
+    assert never_answered == {"pending"}
+
+    async def one_more_question() -> Followed:
+        [(client, request_id)] = await _ask(hosts, 1, retry_unavailable=True)
+        followed = Followed(request_id)
+        await asyncio.wait_for(_follow(client, followed), DEADLINE_S)
+        await client.http.aclose()
+        return followed
+
+    followed = asyncio.run(one_more_question())
+    fold = followed.answer
+    assert followed.terminal == "done" and (fold.resets, fold.repeated, fold.skipped) == (0, 0, 0)
+    assert _stored(hosts, [followed.request_id])[followed.request_id] == [("done", fold.text)]
+    ran = r"Task admin_console\.tasks\.canary_evaluate\[\S+\] succeeded"
+    while not any(when > promoted_at for when, _ in _celery_logged(hosts, ran)):
+        assert time.monotonic() < deadline, "no periodic task ran on the new primary"
+        time.sleep(0.2)
     print(
         f"primary killed: replica promoted after {promoted_s:.2f} s; "
-        f"all {len(request_ids)} accepted requests answered {answered_s:.2f} s after the kill"
+        f"all {len(request_ids)} requests accepted with WAIT answered {answered_s:.2f} s after the kill, "
+        f"the {len(accepted_ids)} accepted without WAIT lost"
+    )
+
+
+async def _post(base_url: str, count: int) -> list[tuple[int, str | None]]:
+    """`count` questions posted to one web host at once: (status, request id if accepted)."""
+
+    async def one(n: int) -> tuple[int, str | None]:
+        async with ChatClient(base_url, timeout_s=30) as client:
+            response = await client.post_message(await client.open_page(), f"Is order {n} on its way?")
+            return response.status_code, response.json().get("request_id")
+
+    return list(await asyncio.gather(*(one(n) for n in range(count))))
+
+
+async def _submission_ms(*, with_wait: str, without_wait: str, rounds: int = 40) -> tuple[float, float]:
+    """The p50 time of a question's POST to a web host with REDIS_WAIT_REPLICAS=1 and to one
+    without, in turns; each question is withdrawn at once so that no worker spends time on it."""
+    samples: dict[str, list[float]] = {with_wait: [], without_wait: []}
+    clients = {base_url: ChatClient(base_url, timeout_s=30) for base_url in samples}
+    for n in range(rounds + 1):
+        for base_url, client in clients.items():
+            conversation = await client.new_conversation()  # one answer at a time in each
+            started = time.perf_counter()
+            response = await client.post_message(conversation, f"Where is parcel {n}?")
+            elapsed_ms = (time.perf_counter() - started) * 1000
+            assert response.status_code == 202, response.text
+            await client.cancel(response.json()["request_id"])
+            if n:  # the first round warms up connections and caches
+                samples[base_url].append(elapsed_ms)
+    for client in clients.values():
+        await client.http.aclose()
+    return statistics.median(samples[with_wait]), statistics.median(samples[without_wait])
+
+
+def _in_redis(client: redis.Redis, request_id: str) -> bool:
+    """Whether this Redis has the request: its result stream or its job in a queue."""
+    if any(client.scan_iter(match=f"*{request_id}*")):
+        return True
+    return any(
+        fields.get("request_id") == request_id
+        for queue in client.scan_iter(match="llm:{*}:queue:*")
+        for _, fields in client.xrange(queue)
     )
 
 
