@@ -47,7 +47,10 @@ def _missing() -> str | None:
 @pytest.fixture(scope="session")
 def hosts():
     if os.geteuid() != 0:
-        pytest.skip("hosts are network namespaces, which only root may make: run the tests as root")
+        pytest.skip(
+            "NOT RUN: the multi-host test needs root (its hosts are network namespaces); "
+            "run the tests as root to include it"
+        )
     missing = _missing()
     if missing:
         pytest.fail(missing)
