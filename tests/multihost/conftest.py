@@ -44,6 +44,24 @@ def _missing() -> str | None:
     return None
 
 
+# What the scenarios measured, printed at the end of every run (docs/DEPLOY.md keeps a record).
+_MEASURED = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(scope="session")
+def measured(pytestconfig: pytest.Config) -> list[str]:
+    """Lines of figures a scenario measured, for the run's summary."""
+    return pytestconfig.stash.setdefault(_MEASURED, [])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    lines = config.stash.get(_MEASURED, [])
+    if lines:
+        terminalreporter.section("multi-host test: measured")
+        for line in lines:
+            terminalreporter.line(line)
+
+
 @pytest.fixture(scope="session")
 def hosts():
     if os.geteuid() != 0:

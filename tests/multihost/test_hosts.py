@@ -163,7 +163,7 @@ def _celery_logged(hosts: MultiHost, pattern: str) -> list[tuple[datetime, str]]
     return sorted(logged)
 
 
-def test_two_beats_send_each_periodic_task_once_a_period_and_on_when_one_host_dies(hosts):
+def test_two_beats_send_each_periodic_task_once_a_period_and_on_when_one_host_dies(hosts, measured):
     """Both Celery hosts run beat; canary-evaluate (every 2 s) is sent by one of them each
     period, never twice and never missed, also across the death of the host that sent it."""
     period_s, tolerance_s = 2.0, 0.2  # CANARY_EVALUATION_S; config.beat allows a tenth of it
@@ -191,12 +191,15 @@ def test_two_beats_send_each_periodic_task_once_a_period_and_on_when_one_host_di
         assert min(gaps) >= period_s - tolerance_s, f"sent twice in a period: gaps {gaps}"
         assert max(gaps) <= period_s + tolerance_s, f"a period without a send: gaps {gaps}"
         assert {host for _, host in sends()[killed:]} == {"celery1", "celery2"} - {dead}
-        print(f"\n{dead} died after sending: the other beat sent {gaps[killed - 1]:.2f} s after it")
+        measured.append(
+            f"Celery host that sent canary-evaluate killed: the other beat sent it {gaps[killed - 1]:.2f} s "
+            f"after the last send (period {period_s:g} s; gaps {min(gaps):.2f} to {max(gaps):.2f} s)"
+        )
     finally:
         hosts.start_celery(dead)
 
 
-def test_a_web_host_vanishes_mid_answer_and_its_streams_resume_exactly_on_the_other(hosts):
+def test_a_web_host_vanishes_mid_answer_and_its_streams_resume_exactly_on_the_other(hosts, measured):
     """web1 drops off the network with ten answers streaming through nginx: nothing closes its
     connections, so nginx must find its streams silent (three heartbeats) and end them."""
 
@@ -226,10 +229,10 @@ def test_a_web_host_vanishes_mid_answer_and_its_streams_resume_exactly_on_the_ot
             assert stored[f.request_id] == [("done", fold.text)]
         ended_s = max(f.dropped_at - unplugged_at for f in dropped)
         flowing_again_s = max(f.resumed_at - unplugged_at for f in dropped)
-        print(
-            f"\nweb host unplugged: {len(dropped)} of {len(followed)} streams moved to the other web host; "
-            f"nginx ended the last of them {ended_s:.2f} s and all flowed again {flowing_again_s:.2f} s "
-            "after the host vanished"
+        measured.append(
+            f"web host unplugged: {len(dropped)} of {len(followed)} streams were on it; nginx ended the last "
+            f"of them {ended_s:.2f} s after, and all flowed again through the other {flowing_again_s:.2f} s "
+            f"after (nginx's stream read timeout: three {hosts.settings_env['SSE_HEARTBEAT_S']} s heartbeats)"
         )
 
     try:
@@ -265,7 +268,7 @@ def test_a_worker_host_dies_mid_answer_and_the_other_finishes_its_jobs_once(host
         hosts.start_worker("worker1")
 
 
-def test_the_redis_primary_dies_and_every_request_accepted_with_wait_completes(hosts):
+def test_the_redis_primary_dies_and_every_request_accepted_with_wait_completes(hosts, measured):
     """web1 accepts a submission once a replica has it (REDIS_WAIT_REPLICAS=1), web2 is given
     REDIS_WAIT_REPLICAS=0. Twenty requests are accepted through web1; then what the primary sends
     the replica is lost on the way, and three submissions go to each web host before the primary
@@ -277,10 +280,10 @@ def test_the_redis_primary_dies_and_every_request_accepted_with_wait_completes(h
     hosts.wait_ready()
     web1, web2 = hosts.web_url("web1"), hosts.web_url("web2")
     with_wait_ms, without_wait_ms = asyncio.run(_submission_ms(with_wait=web1, without_wait=web2))
-    print(
-        f"\nsubmission through the web (p50 of 40): {with_wait_ms:.2f} ms with WAIT, "
-        f"{without_wait_ms:.2f} ms without; Redis alone: WAIT adds "
-        f"{_wait_cost_ms(hosts.redis_client('redis1')):.3f} ms (p50)"
+    measured.append(
+        f"a question's POST to a web host (p50 of 40): {with_wait_ms:.2f} ms with WAIT, "
+        f"{without_wait_ms:.2f} ms without; on Redis alone WAIT adds "
+        f"{_wait_cost_ms(hosts.redis_client('redis1')):.3f} ms (p50 of 300)"
     )
 
     async def burst_then_cut() -> tuple[list[str], list[int], list[str]]:
@@ -338,10 +341,10 @@ def test_the_redis_primary_dies_and_every_request_accepted_with_wait_completes(h
     while not any(when > promoted_at for when, _ in _celery_logged(hosts, ran)):
         assert time.monotonic() < deadline, "no periodic task ran on the new primary"
         time.sleep(0.2)
-    print(
-        f"primary killed: replica promoted after {promoted_s:.2f} s; "
-        f"all {len(request_ids)} requests accepted with WAIT answered {answered_s:.2f} s after the kill, "
-        f"the {len(accepted_ids)} accepted without WAIT lost"
+    measured.append(
+        f"Redis primary killed: replica promoted after {promoted_s:.2f} s; all {len(request_ids)} "
+        f"requests accepted with WAIT answered {answered_s:.2f} s after the kill; "
+        f"{len(accepted_ids)} of 3 accepted without WAIT lost, 3 of 3 with WAIT refused (503)"
     )
 
 
