@@ -9,6 +9,7 @@ machine itself sits on the bridge at `.1`. Needs root (`ip netns`, veth pairs).
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from launcher.process import Place
@@ -73,7 +74,13 @@ class Network:
         _ip("-n", f"{self.prefix}-{name}", "route", "add", "blackhole", f"{to_address}/32")
 
     def destroy(self) -> None:
-        """Remove every namespace with this prefix, and the bridge (their veths go with them)."""
+        """Remove every host's cable, every namespace with this prefix, and the bridge. The
+        cables go first and at once: a deleted namespace's own end of its cable is removed by
+        the kernel later, which could still be under way when the next run makes its hosts."""
+        for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+            name = line.split(": ")[1].split("@")[0]
+            if re.fullmatch(rf"{re.escape(self.prefix)}\d+", name):
+                _ip("link", "delete", name, check=False)
         listed = _ip("netns", "list", check=False).stdout.splitlines()
         for line in listed:
             namespace = line.split()[0] if line.split() else ""
