@@ -1,7 +1,7 @@
 """Django settings. Every environment read goes through config.env; defaults run the demo."""
 
 from pathlib import Path
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -160,13 +160,26 @@ REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 REDIS_MAX_CONNECTIONS = env_int("REDIS_MAX_CONNECTIONS", 64)
 # With Sentinels (host:port, comma-separated), every Redis client (ours, the channel layer,
 # Celery) asks them for the current primary of REDIS_SENTINEL_MASTER and follows a failover;
-# REDIS_URL then only gives the database number.
+# REDIS_URL then gives only the database number and the login: a password
+# (redis://:password@host/0) or an account with its password (redis://user:password@host/0).
 REDIS_SENTINELS = [
     (host, int(port))
     for host, _, port in (entry.rpartition(":") for entry in env_list("REDIS_SENTINELS", []))
 ]
 REDIS_SENTINEL_MASTER = env_str("REDIS_SENTINEL_MASTER", "support-chat")
-REDIS_DB = int(urlparse(REDIS_URL).path.strip("/") or 0)
+_redis_url = urlparse(REDIS_URL)
+REDIS_DB = int(_redis_url.path.strip("/") or 0)
+REDIS_LOGIN = {
+    name: unquote(value)
+    for name, value in (("username", _redis_url.username), ("password", _redis_url.password))
+    if value
+}
+# The Sentinels' own password (their `requirepass`), when they have one. Sentinels answer at
+# once or are down: a short timeout moves on to the next.
+REDIS_SENTINEL_PASSWORD = env_str("REDIS_SENTINEL_PASSWORD", "")
+REDIS_SENTINEL_KWARGS: dict[str, object] = {"socket_timeout": 1, "socket_connect_timeout": 1}
+if REDIS_SENTINEL_PASSWORD:
+    REDIS_SENTINEL_KWARGS["password"] = REDIS_SENTINEL_PASSWORD
 # An accepted request has reached this many replicas (Redis WAIT) before its 202: a failover
 # then loses no accepted request. A submission the replicas do not confirm within the timeout
 # is withdrawn and refused with 503. 0: no wait (a single Redis, or losing a second's work is fine).
@@ -178,7 +191,8 @@ if REDIS_SENTINELS:
         "sentinels": REDIS_SENTINELS,
         "master_name": REDIS_SENTINEL_MASTER,
         "db": REDIS_DB,
-        "sentinel_kwargs": {"socket_timeout": 2},
+        "sentinel_kwargs": REDIS_SENTINEL_KWARGS,
+        **REDIS_LOGIN,
     }
 else:
     _channel_host = REDIS_URL
@@ -194,12 +208,19 @@ CELERY_BROKER_URL = REDIS_URL
 # overloaded, behind a dead network path) waits for ever, and so does a warm shutdown.
 CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {"socket_timeout": 2.0, "socket_connect_timeout": 2.0}
 if REDIS_SENTINELS:
-    # kombu's Sentinel transport: one URL per Sentinel, the primary's name in the options.
-    CELERY_BROKER_URL = ";".join(f"sentinel://{host}:{port}/{REDIS_DB}" for host, port in REDIS_SENTINELS)
+    # kombu's Sentinel transport: one URL per Sentinel, each with the primary's login (kombu
+    # logs in to the primary with it), the primary's name and the Sentinels' login in the options.
+    _login = f"{_redis_url.username or ''}:{_redis_url.password}@" if _redis_url.password else ""
+    CELERY_BROKER_URL = ";".join(
+        f"sentinel://{_login}{host}:{port}/{REDIS_DB}" for host, port in REDIS_SENTINELS
+    )
     CELERY_BROKER_TRANSPORT_OPTIONS["master_name"] = REDIS_SENTINEL_MASTER
-    CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = {"socket_timeout": 2}
+    CELERY_BROKER_TRANSPORT_OPTIONS["sentinel_kwargs"] = REDIS_SENTINEL_KWARGS
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_IGNORE_RESULT = True
+# No results, so none to expire: without this, beat adds a daily `celery.backend_cleanup` on a
+# crontab schedule, which config.beat cannot send once a period.
+CELERY_RESULT_EXPIRES = None
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 CELERY_BEAT_SCHEDULE_FILENAME = str(VAR_DIR / "celerybeat-schedule")
 # Batch job slices run for a minute each on their own queue and worker (`celery worker -Q
@@ -253,12 +274,14 @@ GENERATION_TOP_P = env_float("GENERATION_TOP_P", 0.95)
 # The shipped variants' frequency penalty (0: none), chosen by the quality score.
 GENERATION_FREQUENCY_PENALTY = env_float("GENERATION_FREQUENCY_PENALTY", 1.0)
 GENERATION_TIMEOUT_S = env_float("GENERATION_TIMEOUT_S", 120.0)
+# A quiet stream sends a heartbeat this often; the proxy ends a stream silent for three of them
+# (deploy/nginx.conf: 45 s), as one whose web host vanished.
 SSE_HEARTBEAT_S = env_float("SSE_HEARTBEAT_S", 15.0)
 SSE_STATUS_INTERVAL_S = env_float("SSE_STATUS_INTERVAL_S", 2.0)
 RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
 # The read timeout of the proxy in front of the web processes (deploy/nginx.conf: 10 min for
-# /v1/, 1 h for streams); 0 when nothing sits in front. Streams stay open by sending
-# heartbeats more often; a non-streamed API answer must arrive within it.
+# /v1/); 0 when nothing sits in front. Streams stay open by sending heartbeats more often; a
+# non-streamed API answer must arrive within it.
 PROXY_READ_TIMEOUT_S = env_float("PROXY_READ_TIMEOUT_S", 600.0)
 
 # --- OpenAI-compatible API and batch jobs ----------------------------------------------------

@@ -2,12 +2,14 @@
 
 A process started on a host (`Place.command`) sees only that host's network: its own loopback
 and its address on the bridge, so hosts reach each other only over the bridge, as separate
-machines do over a LAN, and a killed host's connections end as a dead machine's do. The
+machines do over a LAN. A host can also be unplugged from the bridge: what it runs goes on,
+unheard, and nothing it had open is closed, as when a machine loses power or its network. The
 machine itself sits on the bridge at `.1`. Needs root (`ip netns`, veth pairs).
 """
 
 from __future__ import annotations
 
+import re
 import subprocess
 
 from launcher.process import Place
@@ -29,6 +31,7 @@ class Network:
         self.subnet = subnet
         self.bridge = f"{prefix}-br"
         self.hosts: dict[str, Place] = {}
+        self._cables: dict[str, str] = {}  # host -> its veth's end on the bridge
 
     @property
     def gateway(self) -> str:
@@ -55,14 +58,33 @@ class Network:
         _ip("-n", namespace, "link", "set", "lo", "up")
         place = Place(address=address, prefix=("ip", "netns", "exec", namespace))
         self.hosts[name] = place
+        self._cables[name] = outside
         return place
 
+    def unplug(self, name: str) -> None:
+        """The host drops off the network: its packets go nowhere and nobody's reach it."""
+        _ip("link", "set", self._cables[name], "down")
+
+    def plug(self, name: str) -> None:
+        _ip("link", "set", self._cables[name], "up")
+
+    def cut(self, name: str, to_address: str) -> None:
+        """What the host sends to `to_address` goes nowhere, silently (a one-way fault); what
+        it sends elsewhere, and what it receives, still arrive."""
+        _ip("-n", f"{self.prefix}-{name}", "route", "add", "blackhole", f"{to_address}/32")
+
     def destroy(self) -> None:
-        """Remove every namespace with this prefix, and the bridge (their veths go with them)."""
+        """Remove every host's cable, every namespace with this prefix, and the bridge. The
+        cables go first and at once: a deleted namespace's own end of its cable is removed by
+        the kernel later, which could still be under way when the next run makes its hosts."""
+        for line in _ip("-o", "link", "show", check=False).stdout.splitlines():
+            name = line.split(": ")[1].split("@")[0]
+            if re.fullmatch(rf"{re.escape(self.prefix)}\d+", name):
+                _ip("link", "delete", name, check=False)
         listed = _ip("netns", "list", check=False).stdout.splitlines()
         for line in listed:
             namespace = line.split()[0] if line.split() else ""
             if namespace.startswith(f"{self.prefix}-"):
                 _ip("netns", "delete", namespace, check=False)
         _ip("link", "delete", self.bridge, check=False)
-        self.hosts = {}
+        self.hosts, self._cables = {}, {}

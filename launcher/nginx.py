@@ -1,7 +1,8 @@
 """nginx in front of several web processes, with the project's own config (deploy/nginx.conf).
 
-Only where it listens, the web processes it balances, and where it keeps its own files change;
-every location and timeout is the deployed one.
+Only where it listens, the web processes it balances, where it keeps its own files and, for web
+processes with another SSE heartbeat, the streams' read timeout change; every other location
+and timeout is the deployed one.
 """
 
 from __future__ import annotations
@@ -14,19 +15,35 @@ from pathlib import Path
 from launcher.process import LOCAL, ROOT, Output, Place, Process, wait_for_port
 
 DEPLOY_CONFIG = ROOT / "deploy" / "nginx.conf"
+# A stream whose web process has written nothing, not even a heartbeat, for this many heartbeat
+# intervals is ended: its host is gone, and the browser resumes it through another.
+STREAM_SILENT_HEARTBEATS = 3
+_STREAM_READ_TIMEOUT = re.compile(r"(location /chat/stream/ \{[^}]*?proxy_read_timeout )[^;]+;")
 
 
-def nginx_config(*, listen: str, upstreams: list[str], workdir: Path) -> str:
+def nginx_config(
+    *, listen: str, upstreams: list[str], workdir: Path, sse_heartbeat_s: float | None = None
+) -> str:
     """deploy/nginx.conf listening on `listen` (address:port) in front of `upstreams`
-    (address:port each), with its pid, logs and temporary files in `workdir`."""
+    (address:port each), with its pid, logs and temporary files in `workdir`; for web processes
+    whose SSE_HEARTBEAT_S is `sse_heartbeat_s`, streams silent for three heartbeats end."""
     config = DEPLOY_CONFIG.read_text()
     servers = "".join(f"        server {upstream};\n" for upstream in upstreams)
     config, balanced = re.subn(
-        r"(upstream support_chat_web \{\n)(?:\s*#.*\n)?(?:\s*server .*;\n)+", rf"\1{servers}", config
+        r"(upstream support_chat_\w+ \{\n)(?:\s*#.*\n)?(?:\s*server .*;\n)+", rf"\1{servers}", config
     )
     config, listening = re.subn(r"listen 80;", f"listen {listen};", config)
-    if (balanced, listening) != (1, 1):
-        raise RuntimeError(f"{DEPLOY_CONFIG} no longer has the upstream block and listen line this expects")
+
+    def stream_read_timeout(match: re.Match[str]) -> str:
+        if sse_heartbeat_s is None:
+            return match.group(0)
+        return f"{match.group(1)}{round(STREAM_SILENT_HEARTBEATS * sse_heartbeat_s * 1000)}ms;"
+
+    config, timed = _STREAM_READ_TIMEOUT.subn(stream_read_timeout, config)
+    if (balanced, listening, timed) != (2, 1, 1):
+        raise RuntimeError(
+            f"{DEPLOY_CONFIG} no longer has the upstream blocks, listen line and stream timeout this expects"
+        )
     local_files = "".join(
         f"    {directive} {workdir / name};\n"
         for directive, name in (
@@ -43,7 +60,14 @@ def nginx_config(*, listen: str, upstreams: list[str], workdir: Path) -> str:
 
 class Nginx:
     def __init__(
-        self, workdir: Path, *, port: int, upstreams: list[str], place: Place = LOCAL, output: Output = None
+        self,
+        workdir: Path,
+        *,
+        port: int,
+        upstreams: list[str],
+        sse_heartbeat_s: float | None = None,
+        place: Place = LOCAL,
+        output: Output = None,
     ) -> None:
         binary = shutil.which("nginx")
         if binary is None:
@@ -52,6 +76,7 @@ class Nginx:
         self.workdir = workdir
         self.port = port
         self.upstreams = upstreams
+        self.sse_heartbeat_s = sse_heartbeat_s
         self.place = place
         self.output = output
         self.process: Process | None = None
@@ -65,7 +90,10 @@ class Nginx:
         config = self.workdir / "nginx.conf"
         config.write_text(
             nginx_config(
-                listen=f"{self.place.address}:{self.port}", upstreams=self.upstreams, workdir=self.workdir
+                listen=f"{self.place.address}:{self.port}",
+                upstreams=self.upstreams,
+                workdir=self.workdir,
+                sse_heartbeat_s=self.sse_heartbeat_s,
             )
         )
         command = [self.binary, "-c", str(config), "-e", str(self.workdir / "error.log"), "-g", "daemon off;"]

@@ -1,12 +1,15 @@
 """A private redis-server with AOF, so that a restart keeps everything it accepted; a replica
-of another, and the Sentinels that promote a replica when the primary dies."""
+of another, and the Sentinels that promote a replica when the primary dies. Each may require
+a login: a password, or an account (ACL user) with its password."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 from launcher.process import LOCAL, Output, Place, Process, free_port, wait_for_port
 
@@ -18,9 +21,23 @@ def redis_binary() -> str:
     return binary
 
 
+@dataclass(frozen=True)
+class RedisLogin:
+    """Who a client logs in as: an account of its own, or Redis's default user (`requirepass`)."""
+
+    password: str
+    username: str | None = None
+
+    @property
+    def userinfo(self) -> str:
+        """As a URL writes it before the host."""
+        return f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@"
+
+
 class RedisServer:
     """On `port` (a free one by default) at `place`, its data in `data_dir`; a replica of
-    `replica_of` (host, port) when given."""
+    `replica_of` (host, port) when given. With `login`, clients (replicas and Sentinels too)
+    must log in with it; every server of a group gets the same, since any may become primary."""
 
     def __init__(
         self,
@@ -30,6 +47,7 @@ class RedisServer:
         output: Output = None,
         place: Place = LOCAL,
         replica_of: tuple[str, int] | None = None,
+        login: RedisLogin | None = None,
     ) -> None:
         self.binary = redis_binary()
         self.data_dir = data_dir
@@ -37,6 +55,7 @@ class RedisServer:
         self.output = output
         self.place = place
         self.replica_of = replica_of
+        self.login = login
         self.process: Process | None = None
 
     @property
@@ -45,7 +64,8 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://{self.host}:{self.port}/0"
+        userinfo = self.login.userinfo if self.login else ""
+        return f"redis://{userinfo}{self.host}:{self.port}/0"
 
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -67,6 +87,14 @@ class RedisServer:
             command += ["--protected-mode", "no"]
         if self.replica_of is not None:
             command += ["--replicaof", self.replica_of[0], str(self.replica_of[1])]
+        if self.login is not None:
+            command += ["--masterauth", self.login.password]
+            if self.login.username is None:
+                command += ["--requirepass", self.login.password]
+            else:
+                user = self.login.username
+                command += ["--masteruser", user, "--user", "default", "off"]
+                command += ["--user", user, "on", f">{self.login.password}", "~*", "&*", "+@all"]
         self.process = Process("redis", self.place.command(command), env=dict(os.environ), output=self.output)
         try:
             wait_for_port(self.port, process=self.process, host=self.host)
@@ -92,8 +120,10 @@ class RedisServer:
 
 
 class RedisSentinel:
-    """One Sentinel watching the primary named `master_name`. Sentinels rewrite their config
-    file as they learn, so each has its own in `data_dir`."""
+    """One Sentinel watching the primary named `master_name`, logging in to it (and its replicas)
+    with `login`; clients, and the other Sentinels, log in to it with `password` when given
+    (all Sentinels of a group have the same). Sentinels rewrite their config file as they learn,
+    so each has its own in `data_dir`."""
 
     def __init__(
         self,
@@ -106,9 +136,13 @@ class RedisSentinel:
         port: int = 26379,
         place: Place = LOCAL,
         output: Output = None,
+        login: RedisLogin | None = None,
+        password: str | None = None,
     ) -> None:
         self.binary = redis_binary()
         self.data_dir = data_dir
+        self.login = login
+        self.password = password
         self.master_name = master_name
         self.primary = primary
         self.quorum = quorum
@@ -125,18 +159,26 @@ class RedisSentinel:
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         config = self.data_dir / "sentinel.conf"
-        config.write_text(
-            f"port {self.port}\n"
-            f"bind {self.place.address}\n"
-            f"dir {self.data_dir}\n"
-            f"protected-mode {'yes' if self.place.address == '127.0.0.1' else 'no'}\n"
-            f"sentinel monitor {self.master_name} {self.primary[0]} {self.primary[1]} {self.quorum}\n"
-            f"sentinel down-after-milliseconds {self.master_name} {self.down_after_ms}\n"
+        name = self.master_name
+        lines = [
+            f"port {self.port}",
+            f"bind {self.place.address}",
+            f"dir {self.data_dir}",
+            f"protected-mode {'yes' if self.place.address == '127.0.0.1' else 'no'}",
+            f"sentinel monitor {name} {self.primary[0]} {self.primary[1]} {self.quorum}",
+            f"sentinel down-after-milliseconds {name} {self.down_after_ms}",
             # After a failed attempt, the next may start this much later (and the whole failover
             # must fit in it).
-            f"sentinel failover-timeout {self.master_name} {max(3 * self.down_after_ms, 3000)}\n"
-            f"sentinel parallel-syncs {self.master_name} 1\n"
-        )
+            f"sentinel failover-timeout {name} {max(3 * self.down_after_ms, 3000)}",
+            f"sentinel parallel-syncs {name} 1",
+        ]
+        if self.login is not None:
+            if self.login.username is not None:
+                lines.append(f"sentinel auth-user {name} {self.login.username}")
+            lines.append(f"sentinel auth-pass {name} {self.login.password}")
+        if self.password is not None:
+            lines.append(f"requirepass {self.password}")
+        config.write_text("".join(f"{line}\n" for line in lines))
         command = [self.binary, str(config), "--sentinel"]
         self.process = Process(
             "sentinel", self.place.command(command), env=dict(os.environ), output=self.output

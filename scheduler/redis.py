@@ -43,8 +43,12 @@ class _AsyncSentinelBlockingPool(aiosentinel.SentinelConnectionPool, aioredis.Bl
     """The same for asyncio."""
 
 
-# Sentinels answer at once or are down: a short timeout moves on to the next one.
-_SENTINEL_OPTIONS = {"socket_timeout": 1, "socket_connect_timeout": 1}
+def _sentinel_pool(pool_class: type, sentinel_class: type, options: dict) -> Any:
+    """Connections to the primary the Sentinels name, logged in as REDIS_URL says."""
+    sentinel = sentinel_class(settings.REDIS_SENTINELS, sentinel_kwargs=settings.REDIS_SENTINEL_KWARGS)
+    return pool_class(
+        settings.REDIS_SENTINEL_MASTER, sentinel, db=settings.REDIS_DB, **settings.REDIS_LOGIN, **options
+    )
 
 
 @cache
@@ -58,10 +62,7 @@ def sync_redis() -> redis.Redis:
         **_client_options(),
     }
     if settings.REDIS_SENTINELS:
-        sentinel = redis.sentinel.Sentinel(settings.REDIS_SENTINELS, sentinel_kwargs=_SENTINEL_OPTIONS)
-        pool: redis.ConnectionPool = _SentinelBlockingPool(
-            settings.REDIS_SENTINEL_MASTER, sentinel, db=settings.REDIS_DB, **options
-        )
+        pool: redis.ConnectionPool = _sentinel_pool(_SentinelBlockingPool, redis.sentinel.Sentinel, options)
     else:
         pool = redis.BlockingConnectionPool.from_url(settings.REDIS_URL, **options)
     return redis.Redis(connection_pool=pool, retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries=2))
@@ -92,9 +93,8 @@ def new_async_redis(*, single_connection: bool = False, socket_timeout: float = 
         **_client_options(),
     }
     if settings.REDIS_SENTINELS:
-        sentinel = aiosentinel.Sentinel(settings.REDIS_SENTINELS, sentinel_kwargs=_SENTINEL_OPTIONS)
-        pool: aioredis.ConnectionPool = _AsyncSentinelBlockingPool(
-            settings.REDIS_SENTINEL_MASTER, sentinel, db=settings.REDIS_DB, **options
+        pool: aioredis.ConnectionPool = _sentinel_pool(
+            _AsyncSentinelBlockingPool, aiosentinel.Sentinel, options
         )
     else:
         pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, **options)

@@ -1,8 +1,9 @@
 """`make run`: start the whole product on this machine and stop every part on Ctrl-C.
 
-Starts a private redis-server with AOF under var/ (unless REDIS_URL is set), migrates, imports
-the demo help center, seeds the demo accounts when DEMO_ACCOUNTS is set, then runs web (daphne),
-the inference worker and Celery (worker + beat), prefixing each one's output with its name.
+Starts a private redis-server with AOF under var/ (unless REDIS_URL or REDIS_SENTINELS says
+which Redis to use), migrates, imports the demo help center, seeds the demo accounts when
+DEMO_ACCOUNTS is set, then runs web (daphne), the inference worker and Celery (worker + beat),
+prefixing each one's output with its name.
 WEB_PROCESSES=N starts N web processes behind nginx (deploy/nginx.conf) on PORT; WORKERS=N
 starts N inference workers.
 """
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the launcher package lives beside scripts/
@@ -64,11 +66,13 @@ def web_processes(env: dict[str, str]) -> list[Process]:
         )
     ports = [PORT + n for n in range(1, WEB_PROCESSES + 1)]
     webs = [start("web", web_command("127.0.0.1", port), env, label=f"web-{port}") for port in ports]
+    heartbeat = env.get("SSE_HEARTBEAT_S")
     nginx = Nginx(
         VAR / "nginx",
         port=PORT,
         place=Place(address=HOST),
         upstreams=[f"127.0.0.1:{port}" for port in ports],
+        sse_heartbeat_s=float(heartbeat) if heartbeat else None,
         output=Prefixed("nginx", COLORS["nginx"]),
     )
     nginx.start()
@@ -77,8 +81,12 @@ def web_processes(env: dict[str, str]) -> list[Process]:
 
 
 def private_redis(env: dict[str, str]) -> Process | None:
+    if os.environ.get("REDIS_SENTINELS"):
+        say(f"Using the Redis primary the Sentinels at {os.environ['REDIS_SENTINELS']} name")
+        return None
     if os.environ.get("REDIS_URL"):
-        say(f"Using Redis at {os.environ['REDIS_URL']}")
+        where = urlsplit(os.environ["REDIS_URL"])
+        say(f"Using Redis at {where.hostname}:{where.port or 6379}")  # not its password
         return None
     install_if_missing("redis-server", "redis-server")
     if shutil.which("redis-server") is None:

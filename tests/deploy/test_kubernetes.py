@@ -164,10 +164,13 @@ def test_the_web_is_ready_on_readyz_and_scaled_by_an_hpa(overlay):
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS)
-def test_one_beat_one_migration_job_and_secrets_only_from_the_secret(overlay):
+def test_two_beats_one_migration_job_and_secrets_only_from_the_secret(overlay):
     deployments = _objects(overlay, "Deployment")
     beat = deployments["beat"]["spec"]
-    assert beat["replicas"] == 1 and beat["strategy"]["type"] == "Recreate"
+    # config/beat.py sends each periodic task once a period however many beats run.
+    assert beat["replicas"] == 2 and beat.get("strategy", {}).get("type", "RollingUpdate") == "RollingUpdate"
+    [spread] = beat["template"]["spec"]["topologySpreadConstraints"]
+    assert spread["topologyKey"] == "kubernetes.io/hostname"
     commands = [c["command"] for c in _pod_containers(overlay, ours=True)]
     assert sum(command[:4] == ["celery", "-A", "config", "beat"] for command in commands) == 1
     assert not any("--beat" in command or "-B" in command for command in commands)

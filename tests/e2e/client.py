@@ -12,6 +12,11 @@ import httpx
 from scheduler.generation import TERMINAL_EVENTS, AnswerFold, event_decode
 
 
+def static_links(page: str) -> list[str]:
+    """The /static/ URLs of the stylesheets and scripts a page loads."""
+    return re.findall(r'<(?:link|script)\b[^>]*\b(?:href|src)="(/static/[^"]+)"', page)
+
+
 @dataclass
 class SseEvent:
     event: str

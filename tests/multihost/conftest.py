@@ -26,6 +26,9 @@ MULTIHOST_SETTINGS = {
     "WORKER_HEARTBEAT_TTL_S": "3",
     "CANARY_EVALUATION_S": "2",
     "STREAM_DISCONNECT_GRACE_S": "60",
+    # nginx ends a stream silent for three heartbeats (launcher/nginx.py): a web host that
+    # vanishes costs its streams about 3 s, not the deployed 45.
+    "SSE_HEARTBEAT_S": "1",
     "ANSWER_CACHE_ENABLED": "false",  # every answer goes through the hosts' engines
 }
 
@@ -41,10 +44,31 @@ def _missing() -> str | None:
     return None
 
 
+# What the scenarios measured, printed at the end of every run (docs/DEPLOY.md keeps a record).
+_MEASURED = pytest.StashKey[list[str]]()
+
+
+@pytest.fixture(scope="session")
+def measured(pytestconfig: pytest.Config) -> list[str]:
+    """Lines of figures a scenario measured, for the run's summary."""
+    return pytestconfig.stash.setdefault(_MEASURED, [])
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    lines = config.stash.get(_MEASURED, [])
+    if lines:
+        terminalreporter.section("multi-host test: measured")
+        for line in lines:
+            terminalreporter.line(line)
+
+
 @pytest.fixture(scope="session")
 def hosts():
     if os.geteuid() != 0:
-        pytest.skip("hosts are network namespaces, which only root may make: run the tests as root")
+        pytest.skip(
+            "NOT RUN: the multi-host test needs root (its hosts are network namespaces); "
+            "run the tests as root to include it"
+        )
     missing = _missing()
     if missing:
         pytest.fail(missing)

@@ -5,24 +5,27 @@
     redis1   primary, redis2 replica               sentinel1..3     Redis Sentinel (quorum 2)
     db       PostgreSQL
 
-Every process reaches Redis through the Sentinels and PostgreSQL over the bridge; the test
-itself is the client, on this machine's address on the bridge.
+Every process reaches Redis through the Sentinels and PostgreSQL over the bridge; Redis and the
+Sentinels want a password each (Redis an account of its own). The test itself is the client, on
+this machine's address on the bridge.
 """
 
 from __future__ import annotations
 
+import secrets
 import subprocess
 import time
 from pathlib import Path
 
 import httpx
 import psycopg
+import redis
 
 from launcher.netns import Network
 from launcher.nginx import Nginx
 from launcher.postgres import PostgresServer
 from launcher.process import Place, Process, stop_in_order, wait_for_port
-from launcher.redis import RedisSentinel, RedisServer
+from launcher.redis import RedisLogin, RedisSentinel, RedisServer
 from launcher.stack import (
     PYTHON,
     WORKER_STOP_TIMEOUT_S,
@@ -62,6 +65,8 @@ class MultiHost:
         self.sentinels: list[RedisSentinel] = []
         self.postgres: PostgresServer | None = None
         self.nginx: Nginx | None = None
+        self.redis_login = RedisLogin(username="support-chat", password=secrets.token_urlsafe(16))
+        self.sentinel_password = secrets.token_urlsafe(16)
         self.processes: dict[str, Process] = {}  # web, worker and celery processes by host
 
     def address(self, host: str) -> str:
@@ -70,6 +75,10 @@ class MultiHost:
     @property
     def base_url(self) -> str:
         return f"http://{self.address('lb')}"
+
+    def web_url(self, host: str) -> str:
+        """A web host's own address, past nginx."""
+        return f"http://{self.address(host)}:{WEB_PORT}"
 
     @property
     def database_url(self) -> str:
@@ -80,14 +89,25 @@ class MultiHost:
     def env(self) -> dict[str, str]:
         return inherited_env(
             DATABASE_URL=self.database_url,
+            REDIS_URL=self.redis["redis1"].url,  # with Sentinels: the login and the database
             REDIS_SENTINELS=",".join(sentinel.address for sentinel in self.sentinels),
             REDIS_SENTINEL_MASTER=MASTER_NAME,
+            REDIS_SENTINEL_PASSWORD=self.sentinel_password,
             REDIS_WAIT_REPLICAS="1",
             # Clients come through nginx; probes reach each web host directly.
             DJANGO_ALLOWED_HOSTS=",".join(self.address(host) for host in ("lb", "web1", "web2")),
             TRUSTED_PROXIES=self.address("lb"),
             **self.settings_env,
         )
+
+    def redis_client(self, host: str) -> redis.Redis:
+        """The test's own client of one Redis or Sentinel host, logged in."""
+        if host.startswith("sentinel"):
+            login = {"password": self.sentinel_password}
+        else:
+            login = {"username": self.redis_login.username, "password": self.redis_login.password}
+        port = 26379 if host.startswith("sentinel") else 6379
+        return redis.Redis(host=self.address(host), port=port, decode_responses=True, **login)
 
     def log(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
@@ -110,7 +130,11 @@ class MultiHost:
             admin.execute('CREATE DATABASE "support_chat"')
         primary = (self.address("redis1"), 6379)
         self.redis["redis1"] = RedisServer(
-            self.workdir / "redis1", port=6379, place=self.places["redis1"], output=self.log("redis1")
+            self.workdir / "redis1",
+            port=6379,
+            place=self.places["redis1"],
+            output=self.log("redis1"),
+            login=self.redis_login,
         )
         self.redis["redis2"] = RedisServer(
             self.workdir / "redis2",
@@ -118,6 +142,7 @@ class MultiHost:
             place=self.places["redis2"],
             output=self.log("redis2"),
             replica_of=primary,
+            login=self.redis_login,
         )
         for server in self.redis.values():
             server.start()
@@ -129,6 +154,8 @@ class MultiHost:
                 quorum=2,
                 place=self.places[f"sentinel{n}"],
                 output=self.log(f"sentinel{n}"),
+                login=self.redis_login,
+                password=self.sentinel_password,
             )
             sentinel.start()
             self.sentinels.append(sentinel)
@@ -141,6 +168,7 @@ class MultiHost:
             self.workdir / "lb",
             port=80,
             upstreams=[f"{self.address(host)}:{WEB_PORT}" for host in ("web1", "web2")],
+            sse_heartbeat_s=float(self.settings_env["SSE_HEARTBEAT_S"]),
             place=self.places["lb"],
         )
         self.nginx.start()
@@ -154,8 +182,9 @@ class MultiHost:
         """A management command from this machine, against the hosts' Redis and database."""
         return subprocess.run(manage_command(*args), env=self.env, capture_output=True, text=True)
 
-    def start_web(self, host: str) -> None:
-        web = self._start_process(host, web_command(self.address(host), WEB_PORT))
+    def start_web(self, host: str, **settings_env: str) -> None:
+        """A web process on the host, with these settings changed from everyone's."""
+        web = self._start_process(host, web_command(self.address(host), WEB_PORT), **settings_env)
         wait_for_port(WEB_PORT, process=web, host=self.address(host))
 
     def start_worker(self, host: str) -> None:
@@ -170,16 +199,39 @@ class MultiHost:
         ]  # fmt: skip
         self._start_process(host, command)
 
-    def _start_process(self, host: str, command: list[str], **options: float) -> Process:
+    def _start_process(
+        self, host: str, command: list[str], stop_timeout_s: float = 10.0, **settings_env: str
+    ) -> Process:
         process = Process(
-            host, self.places[host].command(command), env=self.env, output=self.log(host), **options
+            host,
+            self.places[host].command(command),
+            env={**self.env, **settings_env},
+            output=self.log(host),
+            stop_timeout_s=stop_timeout_s,
         )
         self.processes[host] = process
         return process
 
+    def stop_process(self, host: str) -> None:
+        """The host's process is stopped as a deployment stops it (SIGTERM, then a bounded wait)."""
+        self.processes.pop(host).stop()
+
     def kill(self, host: str) -> None:
-        """The host dies: its process and everything it started end at once."""
+        """The host's processes die: they and everything they started end at once, and its
+        kernel closes their connections."""
         self.processes.pop(host).kill()
+
+    def unplug(self, host: str) -> None:
+        """The host vanishes (power, network): its processes go on, unheard, and none of their
+        connections is closed; the others find out only by timeouts."""
+        self.network.unplug(host)
+
+    def plug(self, host: str) -> None:
+        self.network.plug(host)
+
+    def cut(self, host: str, to_host: str) -> None:
+        """What `host` sends to `to_host` is lost from now on, silently."""
+        self.network.cut(host, self.address(to_host))
 
     def wait_ready(self, timeout_s: float = 120.0) -> None:
         """Until nginx answers /readyz (Redis, database, a live worker) through each web host."""
@@ -188,10 +240,7 @@ class MultiHost:
         while pending:
             for host in sorted(pending):
                 try:
-                    if (
-                        httpx.get(f"http://{self.address(host)}:{WEB_PORT}/readyz", timeout=2).status_code
-                        == 200
-                    ):
+                    if httpx.get(f"{self.web_url(host)}/readyz", timeout=2).status_code == 200:
                         pending.discard(host)
                 except httpx.HTTPError:
                     pass
