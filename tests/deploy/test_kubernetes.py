@@ -13,6 +13,7 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from django.conf import settings
 
 from scheduler.metrics import WEB_REGISTRY
 
@@ -225,3 +226,17 @@ def _pod_containers(overlay: str, *, ours: bool = False) -> list[dict]:
     if ours:
         containers = [c for c in containers if "support-chat" in c["image"]]
     return containers
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_every_celery_queue_has_a_worker_and_the_periodic_one_its_own(overlay):
+    """A task routed to a queue nobody consumes waits for ever: batch jobs and quality scores
+    would never run. The periodic tasks' queue has a worker of its own, so they never wait
+    behind batch jobs."""
+    routed = {route["queue"] for route in settings.CELERY_TASK_ROUTES.values()}
+    consumed = []
+    for command in (c["command"] for c in _pod_containers(overlay, ours=True)):
+        if command[:4] == ["celery", "-A", "config", "worker"]:
+            consumed.append(set(command[command.index("--queues") + 1].split(",")))
+    assert routed | {"celery"} <= set().union(*consumed)
+    assert {"celery"} in consumed
