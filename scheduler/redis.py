@@ -13,6 +13,7 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 import redis.asyncio.sentinel as aiosentinel
+import redis.connection
 import redis.sentinel
 from django.conf import settings
 from redis.backoff import ExponentialBackoff
@@ -70,6 +71,22 @@ def sync_redis() -> redis.Redis:
 
 _async_clients: dict[asyncio.AbstractEventLoop, aioredis.Redis] = {}
 
+_HIREDIS = redis.connection.HiredisRespSerializer()
+
+
+class _PackedInC:
+    """Commands packed by hiredis, as redis-py's sync connections pack them. Its asyncio ones
+    pack in Python, one argument at a time: a worker's batch of 5000 streamed tokens (15,000
+    arguments) took 17 ms to pack, against 4 ms here."""
+
+    def pack_command(self, *args: Any) -> list[bytes]:
+        return _HIREDIS.pack(*args)
+
+
+@cache
+def _packed_in_c(connection_class: type) -> type:
+    return type(connection_class.__name__, (_PackedInC, connection_class), {})
+
 
 def async_redis() -> aioredis.Redis:
     """The shared async client of the running event loop (daphne has one, the worker has one)."""
@@ -98,6 +115,8 @@ def new_async_redis(*, single_connection: bool = False, socket_timeout: float = 
         )
     else:
         pool = aioredis.BlockingConnectionPool.from_url(settings.REDIS_URL, **options)
+    # Whatever the pool connects with (TCP, TLS, a socket, the Sentinels' primary).
+    pool.connection_class = _packed_in_c(pool.connection_class)
     return aioredis.Redis(
         connection_pool=pool,
         retry=AsyncRetry(ExponentialBackoff(cap=0.5, base=0.05), retries=2),
