@@ -59,7 +59,7 @@ from scheduler.queues import Job, JobQueue
 from scheduler.redis import async_redis
 from scheduler.results import ResultPublisher, abandoned_request_ids
 from scheduler.rules import lease_renewal_s
-from scheduler.services import GenerationOutcome, generation_finish
+from scheduler.services import GenerationOutcome, generations_finish
 
 logger = logging.getLogger(__name__)
 
@@ -164,6 +164,7 @@ class InferenceWorker:
         self._held_vip: _HeldVip | None = None
         self._stopped = asyncio.Event()
         self._give_up_at: float | None = None  # loop time; set by drain()
+        self.recorder = _Recorder()
 
     @classmethod
     def from_settings(cls) -> InferenceWorker:
@@ -614,7 +615,7 @@ class InferenceWorker:
         """Store the outcome, then publish the terminal event (so a reload after `done` shows
         it). The answer is counted (console series, Prometheus) only when this stored it: a
         job finished twice (reclaimed after its worker stored it) counts once."""
-        stored = await database_sync_to_async(generation_finish)(request_id=job.request_id, outcome=outcome)
+        stored = await self.recorder.store(job.request_id, outcome)
         if stored:
             variant = job.generation.variant
             await timeseries.answer_record(self.queue.client, variant=variant, outcome=outcome)
@@ -820,6 +821,52 @@ class InferenceWorker:
                 raise RedisGaveUp
             await asyncio.sleep(delay)
             delay = min(delay * 2, 2.0)
+
+
+class _Recorder:
+    """Stores how generations ended. Those that end while the previous store is being written
+    are stored together, in one transaction (one commit for all), which is what most of a
+    store cost on SQLite: answers that end together, as a burst of them does, are stored in
+    a few writes instead of one each. A batch that fails is stored again one by one, so a
+    generation that cannot be stored fails alone (its job is then taken over after its lease)."""
+
+    def __init__(self) -> None:
+        self._waiting: list[tuple[str, GenerationOutcome, asyncio.Future[bool]]] = []
+        self._writing: asyncio.Task[None] | None = None
+
+    async def store(self, request_id: str, outcome: GenerationOutcome) -> bool:
+        """Whether this stored it (False: it had been stored already, see generation_finish)."""
+        stored = asyncio.get_running_loop().create_future()
+        self._waiting.append((request_id, outcome, stored))
+        if self._writing is None or self._writing.done():
+            self._writing = asyncio.create_task(self._write(), name="generation-recorder")
+        return await stored
+
+    async def _write(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting, []
+            finished = [(request_id, outcome) for request_id, outcome, _ in batch]
+            try:
+                results: list[bool | BaseException] = list(
+                    await database_sync_to_async(generations_finish)(finished)
+                )
+            except Exception:
+                results = [await self._write_one(request_id, outcome) for request_id, outcome in finished]
+            for (_, _, stored), result in zip(batch, results, strict=True):
+                if stored.done():
+                    continue  # its job was cancelled meanwhile
+                if isinstance(result, BaseException):
+                    stored.set_exception(result)
+                else:
+                    stored.set_result(result)
+
+    @staticmethod
+    async def _write_one(request_id: str, outcome: GenerationOutcome) -> bool | BaseException:
+        try:
+            [stored] = await database_sync_to_async(generations_finish)([(request_id, outcome)])
+        except Exception as exc:
+            return exc
+        return stored
 
 
 async def _wait_for_cancelled(tasks: list[asyncio.Task], *, give_up_at: float | None) -> None:

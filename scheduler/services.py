@@ -3,8 +3,10 @@ finished once by the worker that ran it."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -106,3 +108,12 @@ def generation_finish(*, request_id: str, outcome: GenerationOutcome) -> bool:
         finished_at=timezone.now(),
     )
     return updated == 1
+
+
+def generations_finish(finished: Sequence[tuple[str, GenerationOutcome]]) -> list[bool]:
+    """generation_finish for several generations in one transaction, in order: a worker stores
+    the answers that ended together with one commit (on SQLite a commit was most of the cost of
+    storing one; storing 1000 answers that ended at once, one commit each, took a third of
+    the worker's time)."""
+    with transaction.atomic():
+        return [generation_finish(request_id=request_id, outcome=outcome) for request_id, outcome in finished]
