@@ -250,8 +250,9 @@ class SamplingRequest(BaseModel):
     ) = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    # Their ranges are checked with vLLM's texts (`_sampling_checks`) and shown in the document.
+    temperature: float | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": 2})
+    top_p: float | None = Field(default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
     user: str | None = None
     # vLLM's sampling parameters beyond OpenAI's
     top_k: int | None = None
@@ -288,6 +289,16 @@ class SamplingRequest(BaseModel):
     @model_validator(mode="after")
     def _sampling_checks(self) -> Self:
         """vLLM's checks (SamplingParams._verify_args and the request's validators), its texts."""
+        temperature = self.temperature
+        if temperature is not None:
+            if not math.isfinite(temperature):
+                raise RequestInvalid(f"temperature must be a finite number, got {temperature}.", "temperature")
+            if temperature < 0.0:
+                raise RequestInvalid(f"temperature must be non-negative, got {temperature}.", "temperature")
+            if temperature > 2.0:
+                raise RequestInvalid(f"temperature must be in [0, 2], got {temperature}.", "temperature")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise RequestInvalid(f"top_p must be in (0, 1], got {self.top_p}.", "top_p")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if value is not None and not -2.0 <= value <= 2.0:
@@ -484,6 +495,8 @@ class ChatCompletionRequest(SamplingRequest):
                 "The tool specified in `tool_choice` does not match any of the specified `tools`",
                 "tool_choice",
             )
+        if choice == "required":
+            self._required_calls_schema()  # refuses conflicting `$defs`
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -515,24 +528,37 @@ class ChatCompletionRequest(SamplingRequest):
         if isinstance(choice, NamedToolChoice):
             return StructuredOutput(json_schema=self._tool_schemas()[choice.function.name])
         if choice == "required":
-            calls: dict[str, Any] = {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "anyOf": [
-                        {
-                            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
-                            "required": ["name", "parameters"],
-                        }
-                        for name, schema in self._tool_schemas().items()
-                    ],
-                },
-            }
-            if self.parallel_tool_calls is False:
-                calls["maxItems"] = 1
-            return StructuredOutput(json_schema=calls)
+            return StructuredOutput(json_schema=self._required_calls_schema())
         return super().structured_output()
+
+    def _required_calls_schema(self) -> dict[str, Any]:
+        """A "required" answer's schema, vLLM's `_get_json_schema_from_tools`: a list of
+        {name, parameters}, each function's parameters one branch. Their `$defs` move to the
+        top, where the `$ref`s that pydantic and LangChain write ("#/$defs/...") point; a name
+        two tools define differently is refused, as vLLM refuses it."""
+        branches = []
+        definitions: dict[str, Any] = {}
+        for name, schema in self._tool_schemas().items():
+            # An object: each tool's parameters passed the schema check (`_structure_checks`).
+            for definition, definition_schema in schema.get("$defs", {}).items():
+                if definitions.setdefault(definition, definition_schema) != definition_schema:
+                    raise RequestInvalid(
+                        f"Tool definition '{definition}' has multiple schemas, which is not supported.",
+                        "tools",
+                    )
+            parameters = {key: value for key, value in schema.items() if key != "$defs"}
+            branches.append(
+                {
+                    "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
+                    "required": ["name", "parameters"],
+                }
+            )
+        calls: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": branches}}
+        if self.parallel_tool_calls is False:
+            calls["maxItems"] = 1
+        if definitions:
+            calls["$defs"] = definitions
+        return calls
 
 
 class CompletionRequest(SamplingRequest):

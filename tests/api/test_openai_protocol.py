@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.test import override_settings
+from jsonschema.validators import validator_for
 
 from api.openai_protocol import NO_EFFECT, ChatCompletionRequest, CompletionRequest
 from api.openai_shapes import (
@@ -142,6 +143,42 @@ def test_a_required_tool_choice_constrains_the_output_to_a_list_of_calls():
     assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"type": "object", "properties": {}}
 
 
+# What pydantic (and LangChain, through it) writes for a function taking a nested model.
+ADDRESS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+SHIP = {
+    "type": "function",
+    "function": {
+        "name": "ship",
+        "parameters": {
+            "$defs": {"Address": ADDRESS},
+            "type": "object",
+            "properties": {"to": {"$ref": "#/$defs/Address"}},
+            "required": ["to"],
+        },
+    },
+}
+
+
+def test_a_required_tool_choice_lifts_the_tools_defs_to_the_top_where_their_refs_point():
+    request = chat_request_parse(HELLO | {"tools": [LOOKUP, SHIP], "tool_choice": "required"})
+    schema = request.sampling_params().structured.json_schema
+    assert schema["$defs"] == {"Address": ADDRESS}
+    ship = schema["items"]["anyOf"][1]["properties"]["parameters"]
+    assert "$defs" not in ship and ship["properties"]["to"] == {"$ref": "#/$defs/Address"}
+    # The schema the engine gets accepts a call with an address and refuses one without.
+    validator = validator_for(schema)(schema)
+    assert validator.is_valid([{"name": "ship", "parameters": {"to": {"city": "Lyon"}}}])
+    assert not validator.is_valid([{"name": "ship", "parameters": {"to": {"street": "x"}}}])
+
+
+def test_two_tools_defining_one_name_differently_are_refused_as_vllm_refuses_them():
+    other = {"type": "function", "function": {"name": "bill", "parameters": {**SHIP["function"]["parameters"]}}}
+    other["function"]["parameters"]["$defs"] = {"Address": {"type": "string"}}
+    refusal = _refusal(HELLO | {"tools": [SHIP, other], "tool_choice": "required"})
+    assert refusal.param == "tools"
+    assert refusal.message == "Tool definition 'Address' has multiple schemas, which is not supported."
+
+
 def test_tools_with_tool_choice_none_answer_in_text():
     request = chat_request_parse(HELLO | {"tools": [LOOKUP], "tool_choice": "none"})
     assert request.sampling_params().structured is None
@@ -210,7 +247,10 @@ def test_parameters_without_effect_are_accepted_and_change_nothing():
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", ""),
         ({"messages": [{"role": "user"}]}, "messages[0]", "needs a `content`"),
         ({"max_tokens": 0}, "max_tokens", ""),
-        ({"temperature": 3}, "temperature", ""),
+        # vLLM 0.32's SamplingParams refuses a temperature over 2 (OpenAI's range).
+        ({"temperature": 3}, "temperature", "temperature must be in [0, 2], got 3.0."),
+        ({"temperature": -0.5}, "temperature", "temperature must be non-negative, got -0.5."),
+        ({"top_p": 0}, "top_p", "top_p must be in (0, 1], got 0.0."),
         ({"stream": "maybe"}, "stream", ""),
         # vLLM extensions that would change the answer and are not applied here.
         ({"use_beam_search": True}, "use_beam_search", "not supported by this service"),

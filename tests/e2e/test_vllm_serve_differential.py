@@ -57,6 +57,26 @@ ORDER_TOOL = {
         },
     },
 }
+# A function taking a nested model, as pydantic and LangChain write it: `$ref` into `$defs`.
+SHIP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "ship_order",
+        "description": "Send an order to an address.",
+        "parameters": {
+            "$defs": {
+                "Address": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                }
+            },
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}, "to": {"$ref": "#/$defs/Address"}},
+            "required": ["order_id", "to"],
+        },
+    },
+}
 TIMEOUT_S = 120.0
 
 
@@ -133,6 +153,11 @@ CASES = [
         "required_tool_call",
         {"temperature": 0, "tools": [ORDER_TOOL], "tool_choice": "required", "max_tokens": 48},
         messages=[{"role": "user", "content": "Where is my order 12345?"}],
+    ),
+    Case(
+        "required_tool_call_with_defs",
+        {"temperature": 0, "tools": [ORDER_TOOL, SHIP_TOOL], "tool_choice": "required", "max_tokens": 64},
+        messages=[{"role": "user", "content": "Send order 12345 to Lyon."}],
     ),
     # /v1/completions: a raw prompt, no chat template.
     Case("text_greedy", {"temperature": 0, "max_tokens": 24}, prompt=PROMPT),
