@@ -13,6 +13,7 @@ document by `_request_caps`.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, ClassVar, Literal, Self
 
@@ -53,20 +54,14 @@ DEFAULT_TEMPERATURE = 1.0
 _NOT_APPLIED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False),
     "echo": (None, False),
-    "include_stop_str_in_output": (None, False),
-    "skip_special_tokens": (None, True),
-    "bad_words": (None, []),
-    "allowed_token_ids": (None,),
     "prompt_logprobs": (None,),
     "logprob_token_ids": (None,),
-    "structured_outputs": (None,),
     "truncate_prompt_tokens": (None,),
     "thinking_token_budget": (None,),
     "repetition_detection": (None,),
     "return_tokens_as_token_ids": (None, False),
     "return_token_ids": (None, False),
     "return_token_offsets": (None, False),
-    "spaces_between_special_tokens": (None, True),
     "vllm_xargs": (None,),
     "watermarking": (None,),
     # `vllm serve` without priority scheduling refuses any other priority, as this service does:
@@ -177,6 +172,41 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one constraint on the answer (a JSON schema, JSON at all,
+    a regular expression, one of some strings, or a grammar). Its tuning of the JSON grammar
+    and its structural tags are refused unless left unchanged (see `_refuse_what_is_not_applied`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    @property
+    def kinds(self) -> list[str]:
+        """The constraints it sets (vLLM needs exactly one)."""
+        values = {
+            "json": self.json_,
+            "regex": self.regex,
+            "choice": self.choice,
+            "grammar": self.grammar,
+            "json_object": self.json_object,
+        }
+        return [name for name, value in values.items() if value is not None]
+
+
+# `structured_outputs` options that tune vLLM's grammars or build structural tags, not applied here.
+_STRUCTURED_NOT_APPLIED: dict[str, tuple[Any, ...]] = {
+    "disable_any_whitespace": (None, False),
+    "disable_additional_properties": (None, False),
+    "whitespace_pattern": (None,),
+    "structural_tag": (None,),
+}
+
+
 class JsonSchemaResponseFormat(BaseModel):
     name: str
     description: str | None = None
@@ -261,6 +291,12 @@ class SamplingRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    bad_words: list[str] = Field(default_factory=list)
+    allowed_token_ids: list[int] | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -269,6 +305,11 @@ class SamplingRequest(BaseModel):
             for name, unchanged in cls.not_applied.items():
                 if data.get(name) not in unchanged:
                     raise RequestInvalid(f"`{name}` is not supported by this service.", name)
+            structured = data.get("structured_outputs")
+            for name, unchanged in _STRUCTURED_NOT_APPLIED.items():
+                if isinstance(structured, dict) and structured.get(name) not in unchanged:
+                    param = f"structured_outputs.{name}"
+                    raise RequestInvalid(f"`{param}` is not supported by this service.", param)
             options = data.get("stream_options")
             if isinstance(options, dict) and options.get("continuous_usage_stats"):
                 # Token events do not carry token counts, which usage on every chunk would need.
@@ -292,7 +333,9 @@ class SamplingRequest(BaseModel):
         temperature = self.temperature
         if temperature is not None:
             if not math.isfinite(temperature):
-                raise RequestInvalid(f"temperature must be a finite number, got {temperature}.", "temperature")
+                raise RequestInvalid(
+                    f"temperature must be a finite number, got {temperature}.", "temperature"
+                )
             if temperature < 0.0:
                 raise RequestInvalid(f"temperature must be non-negative, got {temperature}.", "temperature")
             if temperature > 2.0:
@@ -324,6 +367,12 @@ class SamplingRequest(BaseModel):
             raise RequestInvalid(f"n must be from 1 to {settings.API_MAX_N}, got {n}.", "n")
         if n > 1 and self.sampling_temperature < GREEDY_TEMPERATURE:
             raise RequestInvalid(f"n must be 1 when using greedy sampling, got {n}.", "n")
+        if any(not word for word in self.bad_words):
+            raise RequestInvalid(
+                f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}", "bad_words"
+            )
+        if self.allowed_token_ids == []:
+            raise RequestInvalid("allowed_token_ids is not None and empty!", "allowed_token_ids")
         for key in self.logit_bias or {}:
             if not key.lstrip("-").isdigit():
                 raise RequestInvalid(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias")
@@ -352,6 +401,44 @@ class SamplingRequest(BaseModel):
                     "response_format",
                 )
             _check_schema(response_format.json_schema.json_schema or {}, "response_format.json_schema.schema")
+        structured = self.structured_outputs
+        if structured is None:
+            return
+        # vLLM's checks of `structured_outputs` (the request's, then StructuredOutputsParams').
+        kinds = structured.kinds
+        if response_format is not None and response_format.type != "text":
+            kinds = [*kinds, "response_format"]  # vLLM adds the response format's constraint to them
+        if len(kinds) > 1:
+            raise RequestInvalid(
+                "You can only use one kind of structured outputs constraint but multiple are "
+                f"specified: {', '.join(kinds)}.",
+                "structured_outputs",
+            )
+        if not kinds:
+            raise RequestInvalid(
+                "You must use one kind of structured outputs constraint but none are specified.",
+                "structured_outputs",
+            )
+        if structured.choice == []:
+            raise RequestInvalid(
+                f"Choice '{structured.choice}' cannot be an empty list", "structured_outputs"
+            )
+        if structured.grammar is not None and not structured.grammar.strip():
+            raise RequestInvalid("structured_outputs.grammar cannot be an empty string", "structured_outputs")
+        if structured.json_ is not None:
+            _check_schema(self._structured_json_schema(), "structured_outputs.json")
+
+    def _structured_json_schema(self) -> dict[str, Any]:
+        """`structured_outputs.json`, which vLLM takes as a schema or as a schema's JSON text."""
+        schema = self.structured_outputs.json_ if self.structured_outputs is not None else None
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError:
+                raise RequestInvalid("Invalid JSON schema: not JSON.", "structured_outputs.json") from None
+        if not isinstance(schema, dict):
+            raise RequestInvalid("Invalid JSON schema: not an object.", "structured_outputs.json")
+        return schema
 
     # --- what the engine is asked for -----------------------------------------------------------
 
@@ -383,14 +470,25 @@ class SamplingRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def structured_output(self) -> StructuredOutput | None:
-        """The constraint on the answer that the response format asks for."""
+        """The constraint on the answer that the response format or `structured_outputs` asks
+        for (the checks let one of them at most through)."""
         response_format = self.response_format
-        if response_format is None or response_format.type == "text":
-            return None
-        if response_format.type == "json_object":
+        if response_format is not None and response_format.type == "json_object":
             return StructuredOutput(json_object=True)
-        assert response_format.json_schema is not None  # checked above
-        return StructuredOutput(json_schema=response_format.json_schema.json_schema or {})
+        if response_format is not None and response_format.type == "json_schema":
+            assert response_format.json_schema is not None  # checked above
+            return StructuredOutput(json_schema=response_format.json_schema.json_schema or {})
+        structured = self.structured_outputs
+        if structured is None:
+            return None
+        if structured.json_ is not None:
+            return StructuredOutput(json_schema=self._structured_json_schema())
+        return StructuredOutput(
+            json_object=bool(structured.json_object),
+            regex=structured.regex,
+            choice=None if structured.choice is None else tuple(structured.choice),
+            grammar=structured.grammar,
+        )
 
     def sampling_params(self, *, seed_offset: int = 0) -> SamplingParams:
         """What the engine applies (vLLM's `to_sampling_params`). Choice `seed_offset` of n
@@ -415,6 +513,11 @@ class SamplingRequest(BaseModel):
             if self.logit_bias is None
             else {int(k): min(100.0, max(-100.0, v)) for k, v in self.logit_bias.items()},
             structured=self.structured_output(),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            bad_words=tuple(self.bad_words),
+            allowed_token_ids=None if self.allowed_token_ids is None else tuple(self.allowed_token_ids),
         )
 
 
@@ -495,6 +598,11 @@ class ChatCompletionRequest(SamplingRequest):
                 "The tool specified in `tool_choice` does not match any of the specified `tools`",
                 "tool_choice",
             )
+        if isinstance(choice, NamedToolChoice) and self.structured_outputs is not None:
+            raise RequestInvalid(
+                "You can only either use constraints for structured outputs or tools, not both.",
+                "structured_outputs",
+            )
         if choice == "required":
             self._required_calls_schema()  # refuses conflicting `$defs`
 
@@ -553,7 +661,11 @@ class ChatCompletionRequest(SamplingRequest):
                     "required": ["name", "parameters"],
                 }
             )
-        calls: dict[str, Any] = {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": branches}}
+        calls: dict[str, Any] = {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "object", "anyOf": branches},
+        }
         if self.parallel_tool_calls is False:
             calls["maxItems"] = 1
         if definitions:

@@ -45,23 +45,40 @@ class Origin(StrEnum):
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
     """A constraint on the answer's shape, applied by the engine while it samples (vLLM's
-    structured outputs): valid JSON (`json_object`), or JSON valid against `json_schema`."""
+    structured outputs): one of valid JSON (`json_object`), JSON valid against `json_schema`,
+    text matching `regex`, one of `choice`, or text of a `grammar` (EBNF or Lark)."""
 
     json_object: bool = False
     json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"json_object": self.json_object, "json_schema": self.json_schema}
+        return {
+            "json_object": self.json_object,
+            "json_schema": self.json_schema,
+            "regex": self.regex,
+            "choice": None if self.choice is None else list(self.choice),
+            "grammar": self.grammar,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StructuredOutput:
-        return cls(json_object=bool(data.get("json_object")), json_schema=data.get("json_schema"))
+        choice = data.get("choice")
+        return cls(
+            json_object=bool(data.get("json_object")),
+            json_schema=data.get("json_schema"),
+            regex=data.get("regex"),
+            choice=None if choice is None else tuple(choice),
+            grammar=data.get("grammar"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to sample the answer; the engine applies these and nothing else. Names, defaults and
-    meanings are vLLM's `SamplingParams`."""
+    """How to sample the answer and write out its text; the engine applies these and nothing
+    else. Names, defaults and meanings are vLLM's `SamplingParams`."""
 
     max_tokens: int
     temperature: float
@@ -80,6 +97,11 @@ class SamplingParams:
     logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     structured: StructuredOutput | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +124,11 @@ class SamplingParams:
             if self.logit_bias is None
             else {str(k): v for k, v in self.logit_bias.items()},
             "structured": None if self.structured is None else self.structured.to_dict(),
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
+            "bad_words": list(self.bad_words),
+            "allowed_token_ids": None if self.allowed_token_ids is None else list(self.allowed_token_ids),
         }
 
     @classmethod
@@ -110,6 +137,7 @@ class SamplingParams:
         decode to what they meant."""
         logit_bias = data.get("logit_bias")
         structured = data.get("structured")
+        allowed_token_ids = data.get("allowed_token_ids")
         return cls(
             max_tokens=int(data["max_tokens"]),
             temperature=float(data["temperature"]),
@@ -127,6 +155,11 @@ class SamplingParams:
             logprobs=data.get("logprobs"),
             logit_bias=None if logit_bias is None else {int(k): float(v) for k, v in logit_bias.items()},
             structured=None if structured is None else StructuredOutput.from_dict(structured),
+            include_stop_str_in_output=bool(data.get("include_stop_str_in_output", False)),
+            skip_special_tokens=bool(data.get("skip_special_tokens", True)),
+            spaces_between_special_tokens=bool(data.get("spaces_between_special_tokens", True)),
+            bad_words=tuple(data.get("bad_words") or ()),
+            allowed_token_ids=None if allowed_token_ids is None else tuple(allowed_token_ids),
         )
 
 

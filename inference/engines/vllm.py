@@ -28,7 +28,7 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 from inference.engines.guard import EngineGuard, orphaned_engines_end
 from scheduler.generation import SamplingParams as GenerationSampling
-from scheduler.generation import TokenLogprob, TopLogprob
+from scheduler.generation import StructuredOutput, TokenLogprob, TopLogprob
 from scheduler.prompt import ChatTemplateError, PromptEncoder
 
 # vLLM's server floors log probabilities here so that -inf stays valid JSON.
@@ -331,13 +331,6 @@ def vllm_sampling_params(
     """Our typed parameters onto vLLM's, one for one (the meanings are vLLM's to begin with);
     the token limits count `written` tokens of a continued answer as spent, and the penalties
     the tokens it wrote (`written_ids`)."""
-    structured = None
-    if sampling.structured is not None:
-        structured = (
-            StructuredOutputsParams(json=sampling.structured.json_schema)
-            if sampling.structured.json_schema is not None
-            else StructuredOutputsParams(json_object=True)
-        )
     return SamplingParams(
         max_tokens=max(1, sampling.max_tokens - written),
         temperature=sampling.temperature,
@@ -354,9 +347,29 @@ def vllm_sampling_params(
         stop_token_ids=list(sampling.stop_token_ids) or None,
         logprobs=sampling.logprobs,
         logit_bias=_penalties_of_written(sampling, written_ids),
-        structured_outputs=structured,
+        structured_outputs=_structured_outputs(sampling.structured),
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
+        skip_special_tokens=sampling.skip_special_tokens,
+        spaces_between_special_tokens=sampling.spaces_between_special_tokens,
+        bad_words=list(sampling.bad_words) or None,
+        allowed_token_ids=None if sampling.allowed_token_ids is None else list(sampling.allowed_token_ids),
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _structured_outputs(structured: StructuredOutput | None) -> StructuredOutputsParams | None:
+    """Our one constraint as vLLM's (it takes exactly one)."""
+    if structured is None:
+        return None
+    if structured.json_schema is not None:
+        return StructuredOutputsParams(json=structured.json_schema)
+    if structured.regex is not None:
+        return StructuredOutputsParams(regex=structured.regex)
+    if structured.choice is not None:
+        return StructuredOutputsParams(choice=list(structured.choice))
+    if structured.grammar is not None:
+        return StructuredOutputsParams(grammar=structured.grammar)
+    return StructuredOutputsParams(json_object=True)
 
 
 def _finish_reason(vllm_reason: str | None) -> str:

@@ -16,7 +16,7 @@ from api import keys as api_keys
 from api.models import ApiKey
 from knowledge import cache as answer_cache
 from scheduler import keys, workers
-from scheduler.generation import Tier
+from scheduler.generation import StructuredOutput, Tier
 from scheduler.models import CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.policy import policies_mirror
 from scheduler.redis import new_async_redis, sync_redis
@@ -246,7 +246,8 @@ def test_vllm_s_sampling_parameters_reach_the_queued_job(key):
         2,
         True,
     )
-    assert (job["logprobs"], job["structured"]) == (2, {"json_object": True, "json_schema": None})
+    assert job["logprobs"] == 2
+    assert StructuredOutput.from_dict(job["structured"]) == StructuredOutput(json_object=True)
 
 
 def test_n_choices_queue_one_generation_each(key):

@@ -14,6 +14,7 @@ from api.openai_shapes import (
     chat_request_parse,
     completion_object,
     required_tool_calls,
+    text_completion_request_parse,
 )
 from scheduler.generation import SamplingParams, StructuredOutput, TokenLogprob, TopLogprob, Usage
 
@@ -61,6 +62,11 @@ def test_every_engine_parameter_reaches_the_sampling_params():
             "top_logprobs": 3,
             "logit_bias": {"17": -100},
             "response_format": {"type": "json_object"},
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "bad_words": ["refund"],
+            "allowed_token_ids": [5, 6, 7],
         }
     )
     assert request.sampling_params() == SamplingParams(
@@ -80,6 +86,11 @@ def test_every_engine_parameter_reaches_the_sampling_params():
         logprobs=3,
         logit_bias={17: -100.0},
         structured=StructuredOutput(json_object=True),
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        bad_words=("refund",),
+        allowed_token_ids=(5, 6, 7),
     )
     # The queue carries them as they were sent.
     assert SamplingParams.from_dict(request.sampling_params().to_dict()) == request.sampling_params()
@@ -172,11 +183,43 @@ def test_a_required_tool_choice_lifts_the_tools_defs_to_the_top_where_their_refs
 
 
 def test_two_tools_defining_one_name_differently_are_refused_as_vllm_refuses_them():
-    other = {"type": "function", "function": {"name": "bill", "parameters": {**SHIP["function"]["parameters"]}}}
+    other = {
+        "type": "function",
+        "function": {"name": "bill", "parameters": {**SHIP["function"]["parameters"]}},
+    }
     other["function"]["parameters"]["$defs"] = {"Address": {"type": "string"}}
     refusal = _refusal(HELLO | {"tools": [SHIP, other], "tool_choice": "required"})
     assert refusal.param == "tools"
     assert refusal.message == "Tool definition 'Address' has multiple schemas, which is not supported."
+
+
+@pytest.mark.parametrize(
+    ("structured_outputs", "expected"),
+    [
+        ({"regex": "[0-9]{5}"}, StructuredOutput(regex="[0-9]{5}")),
+        ({"choice": ["yes", "no"]}, StructuredOutput(choice=("yes", "no"))),
+        ({"grammar": 'root ::= "yes"'}, StructuredOutput(grammar='root ::= "yes"')),
+        ({"json": {"type": "integer"}}, StructuredOutput(json_schema={"type": "integer"})),
+        ({"json": '{"type": "integer"}'}, StructuredOutput(json_schema={"type": "integer"})),
+        ({"json_object": True}, StructuredOutput(json_object=True)),
+        # An option left as it is changes nothing.
+        ({"choice": ["a"], "disable_any_whitespace": False}, StructuredOutput(choice=("a",))),
+    ],
+)
+def test_vllm_s_structured_outputs_constrain_the_answer(structured_outputs, expected):
+    for parse, body in (
+        (chat_request_parse, HELLO),
+        (text_completion_request_parse, {"model": "stable", "prompt": "Hi"}),
+    ):
+        request = parse(body | {"structured_outputs": structured_outputs})
+        assert request.sampling_params().structured == expected
+
+
+def test_a_required_tool_choice_overrides_structured_outputs_as_in_vllm():
+    request = chat_request_parse(
+        HELLO | {"tools": [LOOKUP], "tool_choice": "required", "structured_outputs": {"regex": "x"}}
+    )
+    assert request.sampling_params().structured.json_schema["type"] == "array"
 
 
 def test_tools_with_tool_choice_none_answer_in_text():
@@ -254,7 +297,33 @@ def test_parameters_without_effect_are_accepted_and_change_nothing():
         ({"stream": "maybe"}, "stream", ""),
         # vLLM extensions that would change the answer and are not applied here.
         ({"use_beam_search": True}, "use_beam_search", "not supported by this service"),
-        ({"include_stop_str_in_output": True}, "include_stop_str_in_output", "not supported"),
+        ({"bad_words": ["ok", ""]}, "bad_words", "bad_words cannot contain an empty string."),
+        ({"allowed_token_ids": []}, "allowed_token_ids", "allowed_token_ids is not None and empty!"),
+        ({"structured_outputs": {}}, "structured_outputs", "You must use one kind of structured outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "only use one kind"),
+        (
+            {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+            "structured_outputs",
+            "only use one kind",
+        ),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs", "cannot be an empty list"),
+        ({"structured_outputs": {"grammar": " "}}, "structured_outputs", "grammar cannot be an empty string"),
+        ({"structured_outputs": {"json": {"type": 5}}}, "structured_outputs.json", "Invalid JSON schema"),
+        ({"structured_outputs": {"json": "{"}}, "structured_outputs.json", "Invalid JSON schema"),
+        (
+            {
+                "structured_outputs": {"choice": ["a"]},
+                "tools": [LOOKUP],
+                "tool_choice": {"type": "function", "function": {"name": "order_status"}},
+            },
+            "structured_outputs",
+            "either use constraints for structured outputs or tools, not both.",
+        ),
+        (
+            {"structured_outputs": {"json_object": True, "structural_tag": "{}"}},
+            "structured_outputs.structural_tag",
+            "not supported",
+        ),
         ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs", "not supported"),
         ({"return_token_ids": True}, "return_token_ids", "not supported"),
         ({"priority": 5}, "priority", "not supported"),

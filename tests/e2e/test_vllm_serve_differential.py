@@ -200,6 +200,76 @@ CASES = [
         },
         messages=[{"role": "user", "content": "Order 12345 has shipped. Describe it as JSON."}],
     ),
+    # vLLM's output options: the stop string kept, special tokens written out (past the EOS).
+    Case(
+        "include_stop_str_in_output",
+        {"temperature": 0, "max_tokens": 48, "stop": " password", "include_stop_str_in_output": True},
+    ),
+    Case(
+        "special_tokens_kept",
+        {
+            "temperature": 0,
+            "ignore_eos": True,
+            "max_tokens": 24,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+        },
+        messages=SHORT_ANSWER,
+    ),
+    Case("bad_words", {"temperature": 0, "max_tokens": 24, "bad_words": [" password", " reset"]}),
+    Case(
+        "allowed_token_ids",
+        {
+            "temperature": 0,
+            "max_tokens": 6,
+            "allowed_token_ids": [Tok("Yes"), Tok(" yes"), Tok("."), Tok(" no")],
+        },
+        messages=SHORT_ANSWER,
+    ),
+    # vLLM's structured outputs, beside the response format.
+    Case(
+        "structured_regex",
+        {"temperature": 0, "max_tokens": 16, "structured_outputs": {"regex": "[0-9]{5}"}},
+        messages=[{"role": "user", "content": "What is the order number in: order 12345 shipped."}],
+    ),
+    Case(
+        "structured_choice",
+        {
+            "temperature": 0,
+            "max_tokens": 8,
+            "structured_outputs": {"choice": ["shipped", "lost", "delivered"]},
+        },
+        messages=[{"role": "user", "content": "My parcel arrived today. Is it shipped, lost or delivered?"}],
+    ),
+    Case(
+        "structured_grammar",
+        {
+            "temperature": 0,
+            "max_tokens": 16,
+            "structured_outputs": {"grammar": 'root ::= ("yes" | "no") "."'},
+        },
+        messages=SHORT_ANSWER,
+    ),
+    Case(
+        "structured_json",
+        {
+            "temperature": 0,
+            "max_tokens": 32,
+            "structured_outputs": {
+                "json": {
+                    "type": "object",
+                    "properties": {"order_id": {"type": "integer"}},
+                    "required": ["order_id"],
+                }
+            },
+        },
+        messages=[{"role": "user", "content": "Give the order id 12345 as JSON."}],
+    ),
+    Case(
+        "text_structured_choice",
+        {"temperature": 0, "max_tokens": 8, "structured_outputs": {"choice": [" shipped", " lost"]}},
+        prompt=PROMPT,
+    ),
     # Parameters vLLM does not know are ignored by both.
     Case(
         "unknown_parameters", {"temperature": 0, "max_tokens": 16, "surprise": True, "metadata": {"a": "b"}}
