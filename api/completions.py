@@ -52,7 +52,7 @@ from chat.sse import sse_comment, sse_data
 from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
 from scheduler import control
-from scheduler.admission import AdmissionRefused, request_answer_known, request_submit
+from scheduler.admission import AdmissionRefused, request_answer_known, request_submit, request_withdraw
 from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier, Usage, tokens_logprobs
 from scheduler.models import CacheResult, Variant
 from scheduler.policy import tier_policy
@@ -142,7 +142,8 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
 
     Each of the `n` choices is a generation of its own (a job, a record, a result stream), so
     it counts against the key's limits as a request would; if one is refused, those already
-    admitted are cancelled and the call is refused as a whole."""
+    admitted are withdrawn (cancelled, their charges given back) and the call is refused as a
+    whole, charging nothing."""
     request_ids = [str(uuid.uuid4()) for _ in range(request.choices)]
     variant = variant_for_request(model=request.model, request_id=completion_id(request_ids[0]))
     if variant is None:
@@ -167,6 +168,7 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
             model=variant.model,
             disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
             prompt=request.prompt_text if text else None,
+            choice=index,
         )
         for index, request_id in enumerate(request_ids)
     ]
@@ -184,8 +186,8 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
                 try:
                     admission = request_submit(job=job, limits=limits, tokens=tokens)
                 except AdmissionRefused:
-                    for admitted in request_ids[:index]:
-                        control.request_cancel(request_id=admitted)
+                    for admitted in jobs[:index]:
+                        request_withdraw(job=admitted, limits=limits, tokens=tokens)
                     raise
                 key_state = admission.key_state
     except AdmissionRefused as refusal:

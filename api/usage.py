@@ -17,7 +17,8 @@ from scheduler.models import Generation
 
 @dataclass(frozen=True, slots=True)
 class KeyUsage:
-    """Requests admitted (finished or not), those that ended in an error, and the tokens used."""
+    """Requests admitted (finished or not; a call of n choices is one), the answers that ended
+    in an error (a call's failed choice cancels the others), and the tokens used."""
 
     requests: int = 0
     errors: int = 0
@@ -53,9 +54,11 @@ def key_usage_by_day(*, days: int, today: date | None = None) -> dict[int, dict[
         .annotate(day=TruncDate("created_at"))
         .values("client_id", "day")
         .annotate(
-            requests=Count("id"),
+            # A call of n choices is n generations: its request and prompt count once, as in
+            # the response's usage.
+            requests=Count("id", filter=Q(choice=0)),
             errors=Count("id", filter=Q(status=Generation.Status.ERROR)),
-            prompt_tokens=Coalesce(Sum("prompt_tokens"), 0),
+            prompt_tokens=Coalesce(Sum("prompt_tokens", filter=Q(choice=0)), 0),
             completion_tokens=Coalesce(Sum("completion_tokens"), 0),
         )
     )

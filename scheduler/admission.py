@@ -14,13 +14,20 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from scheduler import key_limits, keys, metrics, timeseries
+from scheduler import control, key_limits, keys, metrics, timeseries
 from scheduler.generation import Done, GenerationJob, Start, Tier, Timings, Token, Usage, event_encode
 from scheduler.key_limits import KeyLimits, KeyLimitState
 from scheduler.models import Generation
 from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
-from scheduler.rate_limits import Bucket, RateCharge, RateDecision, address_scope, rate_limit_take
+from scheduler.rate_limits import (
+    Bucket,
+    RateCharge,
+    RateDecision,
+    address_scope,
+    rate_limit_refund,
+    rate_limit_take,
+)
 from scheduler.redis import sync_redis
 from scheduler.services import GenerationOutcome, generation_create, generation_discard, generation_finish
 
@@ -138,6 +145,19 @@ def request_admit(
         raise
     metrics.admission_record(tier=job.tier)
     return admission
+
+
+def request_withdraw(*, job: GenerationJob, limits: KeyLimits | None = None, tokens: int = 0) -> None:
+    """Take back a request admitted moments ago whose caller gave up the whole call (a choice
+    of the same `n` was refused): it is cancelled, its record is forgotten and every limit
+    gets back what admitting it took (the same `limits` and `tokens`), so that a refused call
+    charges nothing anywhere."""
+    charge = _charge(
+        job, tier_policy(job.tier), limits or KeyLimits(), client_address=None, tokens=tokens, reserve=True
+    )
+    control.request_cancel(request_id=job.request_id)
+    rate_limit_refund(charge)
+    generation_discard(request_id=job.request_id)
 
 
 def _charge(

@@ -182,6 +182,9 @@ class GenerationJob:
     # How long the request may go unwatched before the worker cancels it; None: never (batch).
     disconnect_grace_s: float | None
     prompt: str | None = None
+    # Which of its call's `n` choices this is (an API call's; each is a job): the call's prompt
+    # and request are counted once, with choice 0.
+    choice: int = 0
 
     def encode(self) -> str:
         return json.dumps(
@@ -196,6 +199,7 @@ class GenerationJob:
                 "model": self.model,
                 "disconnect_grace_s": self.disconnect_grace_s,
                 "prompt": self.prompt,
+                "choice": self.choice,
             }
         )
 
@@ -213,6 +217,7 @@ class GenerationJob:
             model=data["model"],
             disconnect_grace_s=data["disconnect_grace_s"],
             prompt=data.get("prompt"),
+            choice=int(data.get("choice", 0)),
         )
 
 

@@ -189,6 +189,8 @@ class Generation(models.Model):
     model = models.CharField(max_length=128, blank=True)  # the queue it went to: its variant's model
     tier = models.CharField(max_length=16, choices=TIER_CHOICES)
     client_id = models.CharField(max_length=128, blank=True)
+    # Which of its call's n choices it answers (scheduler.generation.GenerationJob.choice).
+    choice = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     finish_reason = models.CharField(max_length=32, blank=True)
     error_code = models.CharField(max_length=32, blank=True)

@@ -22,7 +22,13 @@ pytestmark = pytest.mark.django_db
 
 
 def _answer(
-    client_id: str, *, status: str = "done", prompt: int = 10, completion: int = 5, days_ago: int = 0
+    client_id: str,
+    *,
+    status: str = "done",
+    prompt: int = 10,
+    completion: int = 5,
+    days_ago: int = 0,
+    choice: int = 0,
 ):
     generation = Generation.objects.create(
         request_id=uuid.uuid4(),
@@ -30,6 +36,7 @@ def _answer(
         variant="stable",
         tier=Tier.NORMAL,
         client_id=client_id,
+        choice=choice,
         status=status,
         prompt_tokens=prompt,
         completion_tokens=completion,
@@ -57,6 +64,16 @@ def test_usage_counts_requests_errors_and_tokens_per_key_and_day(issued):
     assert usage[key.pk][today - timedelta(days=1)] == KeyUsage(1, 0, 100, 50)
     assert list(usage) == [key.pk]
     assert key_usage_by_day(days=1)[key.pk] == {today: usage[key.pk][today]}
+
+
+def test_a_call_of_n_choices_counts_one_request_and_its_prompt_once_as_its_response_does(issued):
+    key = issued.api_key
+    for choice in range(3):
+        _answer(key.client_id, prompt=10, completion=5, choice=choice)
+    today = timezone.now().date()
+    assert key_usage_by_day(days=1)[key.pk][today] == KeyUsage(
+        requests=1, prompt_tokens=10, completion_tokens=15
+    )
 
 
 def test_metrics_export_today_s_usage_by_key_prefix_never_the_secret(issued):
