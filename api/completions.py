@@ -122,7 +122,10 @@ def _tokens_at_most(request: AnyCompletionRequest) -> int:
     return prompt_tokens + request.answer_max_tokens
 
 
-def _too_large(*, api_key: ApiKey, tokens: int, tokens_per_minute: int) -> ApiError:
+def request_too_large(
+    *, api_key: ApiKey, tokens: int, tokens_per_minute: int, param: str | None = None
+) -> ApiError:
+    """A request whose worst case exceeds its key's tokens per minute: it would never be admitted."""
     key_rate_limited_record(api_key=api_key, limit="tokens")
     return ApiError(
         429,
@@ -131,6 +134,7 @@ def _too_large(*, api_key: ApiKey, tokens: int, tokens_per_minute: int) -> ApiEr
         "the prompt.",
         type="tokens",
         code="rate_limit_exceeded",
+        param=param,
         retryable=False,
     )
 
@@ -153,7 +157,7 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
     limits = api_key.limits
     tokens = _tokens_at_most(request) if limits.tokens_per_minute is not None else 0
     if limits.tokens_per_minute is not None and tokens * len(request_ids) > limits.tokens_per_minute:
-        raise _too_large(
+        raise request_too_large(
             api_key=api_key, tokens=tokens * len(request_ids), tokens_per_minute=limits.tokens_per_minute
         )
     jobs = [

@@ -623,6 +623,7 @@ class InferenceWorker:
             lambda: request_finished(
                 self.queue.client,
                 client_id=job.generation.client_id,
+                limits_client_id=job.generation.limits_client_id,
                 request_id=job.request_id,
                 tokens_used=outcome.usage.prompt_tokens + outcome.usage.completion_tokens,
             )

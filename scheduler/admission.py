@@ -172,10 +172,10 @@ def _charge(
     """What admitting the request takes: the API key's own buckets (`tokens` from its tokens
     bucket, noted as a reservation to settle when `reserve`), then the client's, address's,
     tier's and global ones, and a place among the client's unfinished requests."""
-    own = key_limits.key_buckets(job.client_id, limits, tokens=tokens)
+    own = key_limits.key_buckets(job.limits_client_id, limits, tokens=tokens)
     reservation = None
     if reserve and limits.tokens_per_minute is not None:
-        reservation = (keys.key_token_reservations(job.client_id), float(tokens))
+        reservation = (keys.key_token_reservations(job.limits_client_id), float(tokens))
     return RateCharge(
         buckets=(*own, *_buckets(policy, job.client_id, client_address)),
         inflight_key=keys.inflight(job.client_id),
@@ -361,10 +361,20 @@ def request_admit_known(
 
 
 async def request_finished(
-    client: aioredis.Redis, *, client_id: str, request_id: str, tokens_used: int
+    client: aioredis.Redis,
+    *,
+    client_id: str,
+    request_id: str,
+    tokens_used: int,
+    limits_client_id: str | None = None,
 ) -> None:
     """The request no longer counts against its client's concurrency limit, and its API key's
-    token reservation is settled with what it used. Idempotent."""
+    token reservation (`limits_client_id`'s, when not the client's: GenerationJob's) is settled
+    with what it used. Idempotent."""
     await key_limits.request_settle(
-        client, client_id=client_id, request_id=request_id, tokens_used=tokens_used
+        client,
+        client_id=client_id,
+        limits_client_id=limits_client_id or client_id,
+        request_id=request_id,
+        tokens_used=tokens_used,
     )

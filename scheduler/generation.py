@@ -185,6 +185,15 @@ class GenerationJob:
     # Which of its call's `n` choices this is (an API call's; each is a job): the call's prompt
     # and request are counted once, with choice 0.
     choice: int = 0
+    # The API key whose own limits (scheduler.key_limits) the request counts against, when it
+    # is not `client_id`: a batch job's item counts against its owner's batch limits and its
+    # key's requests and tokens per minute.
+    key_client_id: str | None = None
+
+    @property
+    def limits_client_id(self) -> str:
+        """Whose own requests and tokens buckets (an API key's) the request is charged to."""
+        return self.key_client_id or self.client_id
 
     def encode(self) -> str:
         return json.dumps(
@@ -200,6 +209,7 @@ class GenerationJob:
                 "disconnect_grace_s": self.disconnect_grace_s,
                 "prompt": self.prompt,
                 "choice": self.choice,
+                "key_client_id": self.key_client_id,
             }
         )
 
@@ -218,6 +228,7 @@ class GenerationJob:
             disconnect_grace_s=data["disconnect_grace_s"],
             prompt=data.get("prompt"),
             choice=int(data.get("choice", 0)),
+            key_client_id=data.get("key_client_id"),
         )
 
 
