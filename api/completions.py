@@ -39,9 +39,11 @@ from api.openai_shapes import (
     TextChunkHeader,
     completion_id,
     completion_object,
+    invalid,
     logprobs_shape,
     model_not_found,
     named_tool_call_delta,
+    parsed_delta,
     ratelimit_headers,
     required_tool_calls,
     text_completion_object,
@@ -53,7 +55,18 @@ from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
 from scheduler import control
 from scheduler.admission import AdmissionRefused, request_answer_known, request_submit, request_withdraw
-from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier, Usage, tokens_logprobs
+from scheduler.generation import (
+    AnswerFold,
+    Done,
+    Error,
+    GenerationJob,
+    Origin,
+    ParsedDelta,
+    Tier,
+    Token,
+    Usage,
+    tokens_logprobs,
+)
 from scheduler.models import CacheResult, Variant
 from scheduler.policy import tier_policy
 from scheduler.prompt import prompt_token_count, text_prompt_token_count
@@ -152,8 +165,11 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
     variant = variant_for_request(model=request.model, request_id=completion_id(request_ids[0]))
     if variant is None:
         raise model_not_found(request.model)
-    tier = Tier(api_key.effective_tier)
     text = isinstance(request, CompletionRequest)
+    if not text and request.tool_choice_auto and not variant.tool_call_parser:
+        raise _auto_tool_choice_unavailable()
+    tool_parsing = None if text else request.tool_parsing(variant.tool_call_parser)
+    tier = Tier(api_key.effective_tier)
     limits = api_key.limits
     tokens = _tokens_at_most(request) if limits.tokens_per_minute is not None else 0
     if limits.tokens_per_minute is not None and tokens * len(request_ids) > limits.tokens_per_minute:
@@ -173,6 +189,7 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
             disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
             prompt=request.prompt_text if text else None,
             choice=index,
+            tool_parsing=tool_parsing,
         )
         for index, request_id in enumerate(request_ids)
     ]
@@ -221,6 +238,15 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
     )
 
 
+def _auto_tool_choice_unavailable() -> ApiError:
+    """vLLM's answer to tool_choice "auto" when it runs without a tool-call parser."""
+    return invalid(
+        '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set: '
+        'this model has no tool-call parser here. Use tool_choice "required" or name the function.',
+        "tool_choice",
+    )
+
+
 def generation_error(code: str, message: str) -> ApiError:
     """A request admitted but not answered. Only an expired one is worth retrying soon: the
     others (timeout, engine failure, cancelled) would most likely end the same way again."""
@@ -260,7 +286,9 @@ def _outcome(answer: AnswerFold) -> ChoiceOutcome:
     assert isinstance(end, Done)
     if end.finish_reason == "cancelled":
         raise _cancelled()
-    return ChoiceOutcome(text=answer.text, finish_reason=end.finish_reason, logprobs=answer.logprobs)
+    return ChoiceOutcome(
+        text=answer.text, finish_reason=end.finish_reason, logprobs=answer.logprobs, parsed=end.parsed
+    )
 
 
 def _usage(answers: list[AnswerFold]) -> Usage:
@@ -367,6 +395,7 @@ class _ChoiceStream:
         self.request = request
         self.answer = AnswerFold()
         self._named_tool_started = False
+        self._tool_calls_streamed = False
         self._opened = False
 
     def chunks(self) -> list[dict[str, Any]]:
@@ -387,6 +416,11 @@ class _ChoiceStream:
         if text and isinstance(choice, NamedToolChoice):
             delta = named_tool_call_delta(None if self._named_tool_started else choice.function.name, text)
             self._named_tool_started = True
+        elif choice == "auto" and any(token.parsed is not None for token in tokens):
+            delta = parsed_delta(_parsed_together(tokens))
+            self._tool_calls_streamed = self._tool_calls_streamed or bool(delta and delta.tool_calls)
+            if delta is None and self.request.logprobs:
+                delta = ChoiceDelta()  # as vLLM: the tokens' logprobs go out even while held back
         elif text:
             delta = ChoiceDelta(content=text)
         if delta is not None:
@@ -405,8 +439,20 @@ class _ChoiceStream:
                     chunks.append(self.header.chunk(tool_calls_delta(calls), index=self.index))
                 if finish_reason == "stop":
                     finish_reason = "tool_calls"
+            elif self._tool_calls_streamed and finish_reason == "stop":
+                finish_reason = "tool_calls"  # as vLLM's stream, for an "auto" answer that called tools
             chunks.append(self.header.chunk(ChoiceDelta(), finish_reason, index=self.index))
         return chunks
+
+
+def _parsed_together(tokens: list[Token]) -> ParsedDelta:
+    """Several engine steps' parsed deltas as one chunk's: the content joined, the pieces of
+    calls in order (a client appends each piece to its call by index)."""
+    contents = [token.parsed.content for token in tokens if token.parsed and token.parsed.content is not None]
+    return ParsedDelta(
+        content="".join(contents) if contents else None,
+        tool_calls=tuple(call for token in tokens if token.parsed for call in token.parsed.tool_calls),
+    )
 
 
 class _TextChoiceStream:

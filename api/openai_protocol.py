@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic.json_schema import models_json_schema
 
 from api.models import BatchJob, BatchJobItem
-from scheduler.generation import SamplingParams, StructuredOutput
+from scheduler.generation import SamplingParams, StructuredOutput, ToolParsing
 
 # OpenAI's roles, and what the model's chat template is given for each.
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -585,14 +585,6 @@ class ChatCompletionRequest(SamplingRequest):
             return
         if self.tools is None:
             raise RequestInvalid("When using `tool_choice`, `tools` must be set.", "tool_choice")
-        if choice == "auto":
-            # vLLM needs a tool call parser for the model to find calls in free text; none of
-            # the models served here has one.
-            raise RequestInvalid(
-                '"auto" tool choice requires a tool call parser for the model, and this service has '
-                'none: use tool_choice "required" or name the function.',
-                "tool_choice",
-            )
         if isinstance(choice, NamedToolChoice) and choice.function.name not in self._tool_schemas():
             raise RequestInvalid(
                 "The tool specified in `tool_choice` does not match any of the specified `tools`",
@@ -622,6 +614,23 @@ class ChatCompletionRequest(SamplingRequest):
     def tool_choice_forced(self) -> bool:
         """The answer is a call to a tool (named or "required"), never free text."""
         return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
+
+    @property
+    def tool_choice_auto(self) -> bool:
+        """The model chooses between text and tool calls, which are found in its text (tools
+        given without a tool_choice mean this)."""
+        return self.tool_choice == "auto"
+
+    def tool_parsing(self, parser: str) -> ToolParsing | None:
+        """How the worker reads this request's answer for tool calls with `parser`, when the
+        model chooses; None otherwise."""
+        if not self.tool_choice_auto:
+            return None
+        return ToolParsing(
+            parser=parser,
+            tools=[tool.model_dump(exclude_none=True) for tool in self.tools or ()],
+            parallel_tool_calls=self.parallel_tool_calls is not False,
+        )
 
     def prompt_messages(self) -> list[dict[str, str]]:
         return [{"role": ROLES[message.role], "content": message.text} for message in self.messages]

@@ -164,6 +164,26 @@ class SamplingParams:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolParsing:
+    """An answer in which the worker finds tool calls ("auto" tool choice): the name of vLLM's
+    tool-call parser for the model (`vllm serve --tool-call-parser`), the request's `tools` in
+    OpenAI's shape, and whether it may call several at once."""
+
+    parser: str
+    tools: list[dict[str, Any]]
+    parallel_tool_calls: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parser": self.parser, "tools": self.tools, "parallel_tool_calls": self.parallel_tool_calls}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ToolParsing:
+        return cls(
+            parser=data["parser"], tools=data["tools"], parallel_tool_calls=bool(data["parallel_tool_calls"])
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationJob:
     """One generation request as it waits in a queue. The queue entry adds when it was enqueued
     and its deadline (`max_wait_s` later, by Redis's clock): see scheduler.queues.Job.
@@ -189,6 +209,7 @@ class GenerationJob:
     # is not `client_id`: a batch job's item counts against its owner's batch limits and its
     # key's requests and tokens per minute.
     key_client_id: str | None = None
+    tool_parsing: ToolParsing | None = None
 
     @property
     def limits_client_id(self) -> str:
@@ -210,12 +231,14 @@ class GenerationJob:
                 "prompt": self.prompt,
                 "choice": self.choice,
                 "key_client_id": self.key_client_id,
+                "tool_parsing": None if self.tool_parsing is None else self.tool_parsing.to_dict(),
             }
         )
 
     @classmethod
     def decode(cls, raw: str) -> GenerationJob:
         data = json.loads(raw)
+        tool_parsing = data.get("tool_parsing")
         return cls(
             request_id=data["request_id"],
             origin=Origin(data["origin"]),
@@ -229,6 +252,7 @@ class GenerationJob:
             prompt=data.get("prompt"),
             choice=int(data.get("choice", 0)),
             key_client_id=data.get("key_client_id"),
+            tool_parsing=None if tool_parsing is None else ToolParsing.from_dict(tool_parsing),
         )
 
 
@@ -310,14 +334,70 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call as a parser streams it (OpenAI's chunk shape): the call's place in
+    the answer, and what this piece adds (the first piece names it)."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedDelta:
+    """What the tool-call parser made of one engine step's text: the content a client is sent
+    (None: none yet, the parser holds the text back) and pieces of tool calls."""
+
+    content: str | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"content": self.content, "tool_calls": [asdict(call) for call in self.tool_calls]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParsedDelta:
+        return cls(
+            content=data.get("content"),
+            tool_calls=tuple(ToolCallDelta(**call) for call in data.get("tool_calls") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CalledTool:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedAnswer:
+    """What the tool-call parser made of the whole answer: its content (None: only calls) and
+    the tools it calls."""
+
+    content: str | None
+    tool_calls: tuple[CalledTool, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"content": self.content, "tool_calls": [asdict(call) for call in self.tool_calls]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParsedAnswer:
+        return cls(
+            content=data.get("content"),
+            tool_calls=tuple(CalledTool(**call) for call in data.get("tool_calls") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Token:
     """Text from one engine step; `logprobs` (one entry per token of the text) only when the
-    request asked for them."""
+    request asked for them, `parsed` only when its answer is parsed for tool calls."""
 
     type: ClassVar[str] = "token"
     seq: int
     text: str
     logprobs: tuple[TokenLogprob, ...] | None = None
+    parsed: ParsedDelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -332,13 +412,15 @@ class Reset:
 @dataclass(frozen=True, slots=True)
 class Done:
     """The answer ended normally; `finish_reason` "cancelled" when it was stopped. `cached`:
-    the answer came from the result cache (knowledge.cache), not from a worker."""
+    the answer came from the result cache (knowledge.cache), not from a worker. `parsed`: the
+    whole answer as the tool-call parser read it, when it was parsed."""
 
     type: ClassVar[str] = "done"
     finish_reason: str
     usage: Usage = field(default_factory=Usage)
     timings: Timings | None = None
     cached: bool = False
+    parsed: ParsedAnswer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -355,16 +437,22 @@ TERMINAL_EVENTS = frozenset({Done.type, Error.type})
 def event_data(body: EventBody) -> dict[str, Any]:
     """An event's fields as sent on the wire (the result stream's `data`, the SSE `data`)."""
     if isinstance(body, Token):  # the per-token path: no asdict
-        if body.logprobs is None:
-            return {"seq": body.seq, "text": body.text}
-        return {"seq": body.seq, "text": body.text, "logprobs": [entry.to_dict() for entry in body.logprobs]}
+        data: dict[str, Any] = {"seq": body.seq, "text": body.text}
+        if body.logprobs is not None:
+            data["logprobs"] = [entry.to_dict() for entry in body.logprobs]
+        if body.parsed is not None:
+            data["parsed"] = body.parsed.to_dict()
+        return data
     if isinstance(body, Done):
-        return {
+        done: dict[str, Any] = {
             "finish_reason": body.finish_reason,
             "usage": asdict(body.usage),
             "timings": asdict(body.timings) if body.timings is not None else {},
             "cached": body.cached,
         }
+        if body.parsed is not None:
+            done["parsed"] = body.parsed.to_dict()
+        return done
     return asdict(body)
 
 
@@ -382,10 +470,12 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
     """The inverse of event_data; raises ValueError for an unknown type."""
     if kind == Token.type:
         logprobs = data.get("logprobs")
+        parsed = data.get("parsed")
         return Token(
             seq=int(data["seq"]),
             text=data["text"],
             logprobs=None if logprobs is None else tuple(TokenLogprob.from_dict(entry) for entry in logprobs),
+            parsed=None if parsed is None else ParsedDelta.from_dict(parsed),
         )
     if kind == Queued.type:
         return Queued(seq=int(data["seq"]), tier=Tier(data["tier"]))
@@ -399,11 +489,13 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
         return Reset(reason=data.get("reason", ""), attempt=int(data.get("attempt", 0)))
     if kind == Done.type:
         timings = data.get("timings") or None
+        parsed_answer = data.get("parsed")
         return Done(
             finish_reason=data["finish_reason"],
             usage=Usage(**(data.get("usage") or {})),
             timings=Timings(**timings) if timings else None,
             cached=bool(data.get("cached", False)),
+            parsed=None if parsed_answer is None else ParsedAnswer.from_dict(parsed_answer),
         )
     if kind == Error.type:
         return Error(code=data["code"], message=data["message"])

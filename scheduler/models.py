@@ -96,6 +96,15 @@ class Variant(models.Model):
         help_text="When the help center has nothing on a conversation's first question, reply that "
         "we do not know (in the customer's language) instead of asking the model.",
     )
+    # As `vllm serve --enable-auto-tool-choice --tool-call-parser <name>`: the worker reads the
+    # model's tool calls out of its free text with this parser of vLLM's, for API calls that let
+    # it choose (tool_choice "auto"). Blank: the model has no tool-call format, and "auto" is a 400.
+    tool_call_parser = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="The model's tool-call parser in vLLM (e.g. pythonic, hermes, llama3_json), for API "
+        'calls with tool_choice "auto"; blank: such calls are refused.',
+    )
     description = models.CharField(max_length=200, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -280,7 +280,6 @@ def test_parameters_without_effect_are_accepted_and_change_nothing():
         ({"response_format": {"type": "xml"}}, "response_format.type", ""),
         ({"tools": []}, "tools", "`tools` must not be an empty array."),
         ({"tool_choice": "required"}, "tool_choice", "When using `tool_choice`, `tools` must be set."),
-        ({"tools": [LOOKUP]}, "tool_choice", '"auto" tool choice requires a tool call parser'),
         (
             {"tools": [LOOKUP], "tool_choice": {"type": "function", "function": {"name": "refund"}}},
             "tool_choice",
@@ -339,6 +338,12 @@ def test_what_vllm_refuses_is_a_400_naming_the_parameter(extra, param, message):
     refusal = _refusal(HELLO | extra)
     assert refusal.param == param
     assert message in refusal.message
+
+
+def test_a_job_refuses_tools_whose_calls_a_stored_answer_cannot_give():
+    with pytest.raises(ApiError) as caught:
+        chat_request_parse(HELLO | {"tools": [LOOKUP]}, param_prefix="requests[0].", in_job=True)
+    assert caught.value.param == "requests[0].tool_choice"
 
 
 def test_a_job_s_request_param_is_prefixed_with_its_place():
