@@ -161,7 +161,7 @@ CASES = [
     ),
     Case(
         "required_tool_call_with_defs",
-        {"temperature": 0, "tools": [ORDER_TOOL, SHIP_TOOL], "tool_choice": "required", "max_tokens": 64},
+        {"temperature": 0, "tools": [ORDER_TOOL, SHIP_TOOL], "tool_choice": "required", "max_tokens": 160},
         messages=[{"role": "user", "content": "Send order 12345 to Lyon."}],
     ),
     # "auto": the model chooses; vLLM's `pythonic` parser reads its calls (the served model
