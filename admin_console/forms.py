@@ -43,6 +43,7 @@ class VariantForm(forms.ModelForm):
             "model": "Model (the workers' INFERENCE_MODEL_NAME)",
             "max_tokens": "Longest answer (tokens)",
             "knowledge": "Answer from the help center",
+            "tool_call_parser": "Tool-call parser (vLLM's --tool-call-parser)",
         }
         widgets = {"system_prompt": forms.Textarea(attrs={"rows": 4})}
 

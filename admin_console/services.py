@@ -56,6 +56,7 @@ VARIANT_FIELDS = (
     "max_tokens",
     "knowledge",
     "unknown_reply",
+    "tool_call_parser",
     "description",
 )
 CANARY_RULE_FIELDS = (

@@ -39,9 +39,11 @@ from api.openai_shapes import (
     TextChunkHeader,
     completion_id,
     completion_object,
+    invalid,
     logprobs_shape,
     model_not_found,
     named_tool_call_delta,
+    parsed_delta,
     ratelimit_headers,
     required_tool_calls,
     text_completion_object,
@@ -52,8 +54,19 @@ from chat.sse import sse_comment, sse_data
 from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
 from scheduler import control
-from scheduler.admission import AdmissionRefused, request_answer_known, request_submit
-from scheduler.generation import AnswerFold, Done, Error, GenerationJob, Origin, Tier, Usage, tokens_logprobs
+from scheduler.admission import AdmissionRefused, request_answer_known, request_submit, request_withdraw
+from scheduler.generation import (
+    AnswerFold,
+    Done,
+    Error,
+    GenerationJob,
+    Origin,
+    ParsedDelta,
+    Tier,
+    Token,
+    Usage,
+    tokens_logprobs,
+)
 from scheduler.models import CacheResult, Variant
 from scheduler.policy import tier_policy
 from scheduler.prompt import prompt_token_count, text_prompt_token_count
@@ -123,7 +136,10 @@ def _tokens_at_most(request: AnyCompletionRequest) -> int:
     return prompt_tokens + request.answer_max_tokens
 
 
-def _too_large(*, api_key: ApiKey, tokens: int, tokens_per_minute: int) -> ApiError:
+def request_too_large(
+    *, api_key: ApiKey, tokens: int, tokens_per_minute: int, param: str | None = None
+) -> ApiError:
+    """A request whose worst case exceeds its key's tokens per minute: it would never be admitted."""
     key_rate_limited_record(api_key=api_key, limit="tokens")
     return ApiError(
         429,
@@ -132,6 +148,7 @@ def _too_large(*, api_key: ApiKey, tokens: int, tokens_per_minute: int) -> ApiEr
         "the prompt.",
         type="tokens",
         code="rate_limit_exceeded",
+        param=param,
         retryable=False,
     )
 
@@ -143,17 +160,21 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
 
     Each of the `n` choices is a generation of its own (a job, a record, a result stream), so
     it counts against the key's limits as a request would; if one is refused, those already
-    admitted are cancelled and the call is refused as a whole."""
+    admitted are withdrawn (cancelled, their charges given back) and the call is refused as a
+    whole, charging nothing."""
     request_ids = [str(uuid.uuid4()) for _ in range(request.choices)]
     variant = variant_for_request(model=request.model, request_id=completion_id(request_ids[0]))
     if variant is None:
         raise model_not_found(request.model)
-    tier = Tier(api_key.effective_tier)
     text = isinstance(request, CompletionRequest)
+    if not text and request.tool_choice_auto and not variant.tool_call_parser:
+        raise _auto_tool_choice_unavailable()
+    tool_parsing = None if text else request.tool_parsing(variant.tool_call_parser)
+    tier = Tier(api_key.effective_tier)
     limits = api_key.limits
     tokens = _tokens_at_most(request) if limits.tokens_per_minute is not None else 0
     if limits.tokens_per_minute is not None and tokens * len(request_ids) > limits.tokens_per_minute:
-        raise _too_large(
+        raise request_too_large(
             api_key=api_key, tokens=tokens * len(request_ids), tokens_per_minute=limits.tokens_per_minute
         )
     jobs = [
@@ -168,6 +189,8 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
             model=variant.model,
             disconnect_grace_s=settings.API_DISCONNECT_GRACE_S,
             prompt=request.prompt_text if text else None,
+            choice=index,
+            tool_parsing=tool_parsing,
         )
         for index, request_id in enumerate(request_ids)
     ]
@@ -185,8 +208,8 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
                 try:
                     admission = request_submit(job=job, limits=limits, tokens=tokens)
                 except AdmissionRefused:
-                    for admitted in request_ids[:index]:
-                        control.request_cancel(request_id=admitted)
+                    for admitted in jobs[:index]:
+                        request_withdraw(job=admitted, limits=limits, tokens=tokens)
                     raise
                 key_state = admission.key_state
     except AdmissionRefused as refusal:
@@ -214,6 +237,15 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
         created=int(time.time()),
         wait_limit_s=answer_wait_limit_s(tier_policy(tier).max_wait_s),
         ratelimit_headers=ratelimit_headers(key_state) if key_state else {},
+    )
+
+
+def _auto_tool_choice_unavailable() -> ApiError:
+    """vLLM's answer to tool_choice "auto" when it runs without a tool-call parser."""
+    return invalid(
+        '"auto" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set: '
+        'this model has no tool-call parser here. Use tool_choice "required" or name the function.',
+        "tool_choice",
     )
 
 
@@ -256,7 +288,9 @@ def _outcome(answer: AnswerFold) -> ChoiceOutcome:
     assert isinstance(end, Done)
     if end.finish_reason == "cancelled":
         raise _cancelled()
-    return ChoiceOutcome(text=answer.text, finish_reason=end.finish_reason, logprobs=answer.logprobs)
+    return ChoiceOutcome(
+        text=answer.text, finish_reason=end.finish_reason, logprobs=answer.logprobs, parsed=end.parsed
+    )
 
 
 def _usage(answers: list[AnswerFold]) -> Usage:
@@ -363,6 +397,7 @@ class _ChoiceStream:
         self.request = request
         self.answer = AnswerFold()
         self._named_tool_started = False
+        self._tool_calls_streamed = False
         self._opened = False
 
     def chunks(self) -> list[dict[str, Any]]:
@@ -383,6 +418,11 @@ class _ChoiceStream:
         if text and isinstance(choice, NamedToolChoice):
             delta = named_tool_call_delta(None if self._named_tool_started else choice.function.name, text)
             self._named_tool_started = True
+        elif choice == "auto" and any(token.parsed is not None for token in tokens):
+            delta = parsed_delta(_parsed_together(tokens))
+            self._tool_calls_streamed = self._tool_calls_streamed or bool(delta and delta.tool_calls)
+            if delta is None and self.request.logprobs:
+                delta = ChoiceDelta()  # as vLLM: the tokens' logprobs go out even while held back
         elif text:
             delta = ChoiceDelta(content=text)
         if delta is not None:
@@ -401,8 +441,20 @@ class _ChoiceStream:
                     chunks.append(self.header.chunk(tool_calls_delta(calls), index=self.index))
                 if finish_reason == "stop":
                     finish_reason = "tool_calls"
+            elif self._tool_calls_streamed and finish_reason == "stop":
+                finish_reason = "tool_calls"  # as vLLM's stream, for an "auto" answer that called tools
             chunks.append(self.header.chunk(ChoiceDelta(), finish_reason, index=self.index))
         return chunks
+
+
+def _parsed_together(tokens: list[Token]) -> ParsedDelta:
+    """Several engine steps' parsed deltas as one chunk's: the content joined, the pieces of
+    calls in order (a client appends each piece to its call by index)."""
+    contents = [token.parsed.content for token in tokens if token.parsed and token.parsed.content is not None]
+    return ParsedDelta(
+        content="".join(contents) if contents else None,
+        tool_calls=tuple(call for token in tokens if token.parsed for call in token.parsed.tool_calls),
+    )
 
 
 class _TextChoiceStream:

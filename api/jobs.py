@@ -21,6 +21,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 from uuid import UUID
 
 import redis
@@ -45,6 +46,8 @@ from scheduler.generation import (
     Tier,
     event_decode,
 )
+from scheduler.key_limits import KeyLimits
+from scheduler.prompt import prompt_token_count
 from scheduler.redis import sync_redis
 from scheduler.routing import canary_split, variant_for_conversation, variant_for_request
 
@@ -67,6 +70,17 @@ class TooManyActiveJobs(Exception):
     """The owner already has BATCH_JOB_MAX_ACTIVE_PER_OWNER jobs queued or running."""
 
 
+class RequestTooLarge(Exception):
+    """A request's worst case (prompt and max_tokens) exceeds its key's tokens per minute: it
+    would never be admitted, and its job would never end."""
+
+    def __init__(self, *, index: int, tokens: int, tokens_per_minute: int) -> None:
+        super().__init__(index, tokens)
+        self.index = index
+        self.tokens = tokens
+        self.tokens_per_minute = tokens_per_minute
+
+
 class ModelUnknown(Exception):
     """A request names a model no variant answers."""
 
@@ -78,12 +92,29 @@ class ModelUnknown(Exception):
 # --- writes -----------------------------------------------------------------------------------
 
 
+def _tokens_at_most(stored: dict[str, Any]) -> int:
+    """The most a stored request may use, its prompt and its max_tokens: what its key's tokens
+    bucket reserves when it is submitted."""
+    return prompt_token_count(stored["messages"], model_path=settings.INFERENCE_MODEL) + int(
+        stored["max_tokens"]
+    )
+
+
 def job_create(*, api_key: ApiKey, requests: list[ChatCompletionRequest]) -> BatchJob:
     """Store the job and its requests, ready for a Celery task to feed (api.tasks.job_start).
-    Raises ModelUnknown or TooManyActiveJobs."""
+    Raises ModelUnknown, RequestTooLarge or TooManyActiveJobs."""
     for request in requests:
         if variant_for_request(model=request.model, request_id=str(uuid.uuid4())) is None:
             raise ModelUnknown(request.model)
+    stored = [
+        {"model": request.model, "messages": request.prompt_messages(), **request.sampling_params().to_dict()}
+        for request in requests
+    ]
+    tokens_per_minute = api_key.tokens_per_minute
+    if tokens_per_minute is not None:
+        for index, request in enumerate(stored):
+            if (tokens := _tokens_at_most(request)) > tokens_per_minute:
+                raise RequestTooLarge(index=index, tokens=tokens, tokens_per_minute=tokens_per_minute)
     with transaction.atomic():
         # Locking the owner's row serialises one owner's creations, so two at once cannot both
         # pass the count below.
@@ -98,16 +129,7 @@ def job_create(*, api_key: ApiKey, requests: list[ChatCompletionRequest]) -> Bat
             owner=api_key.owner, api_key=api_key, lease_expires_at=timezone.now() + _lease()
         )
         BatchJobItem.objects.bulk_create(
-            BatchJobItem(
-                job=job,
-                index=n,
-                request={
-                    "model": request.model,
-                    "messages": request.prompt_messages(),
-                    **request.sampling_params().to_dict(),
-                },
-            )
-            for n, request in enumerate(requests)
+            BatchJobItem(job=job, index=n, request=request) for n, request in enumerate(stored)
         )
     return job
 
@@ -232,8 +254,12 @@ class _JobFeeder:
     def __init__(self, job_id: UUID, runner: str) -> None:
         self.job_id = job_id
         self.runner = runner
-        # The owner's limits apply to all their jobs together, however many they start.
-        self.client_id = BatchJob.objects.only("owner_id").get(pk=job_id).client_id
+        job = BatchJob.objects.select_related("api_key").get(pk=job_id)
+        # The owner's batch limits apply to all their jobs together, however many they start;
+        # the key's own requests and tokens per minute to each item, as to its other requests.
+        self.client_id = job.client_id
+        self.api_key = job.api_key
+        self.key_limits = job.api_key.limits if job.api_key is not None else KeyLimits()
         self.redis = sync_redis()
         self.items = BatchJobItem.objects.filter(job_id=job_id)
         self.followed: dict[str, _Followed] = {}  # by result stream key
@@ -301,7 +327,10 @@ class _JobFeeder:
                 variant=item.variant,
                 model=item.model,
                 disconnect_grace_s=None,  # nobody watches a batch request's stream
-            )
+                key_client_id=None if self.api_key is None else self.api_key.client_id,
+            ),
+            limits=self.key_limits,
+            tokens=_tokens_at_most(item.request) if self.key_limits.tokens_per_minute is not None else 0,
         )
         if not _item_mark_submitted(item):
             control.request_cancel(request_id=str(item.generation_id))

@@ -13,6 +13,7 @@ document by `_request_caps`.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import Annotated, Any, ClassVar, Literal, Self
 
@@ -31,7 +32,7 @@ from pydantic import (
 from pydantic.json_schema import models_json_schema
 
 from api.models import BatchJob, BatchJobItem
-from scheduler.generation import SamplingParams, StructuredOutput
+from scheduler.generation import SamplingParams, StructuredOutput, ToolParsing
 
 # OpenAI's roles, and what the model's chat template is given for each.
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant", "tool": "tool"}
@@ -53,20 +54,14 @@ DEFAULT_TEMPERATURE = 1.0
 _NOT_APPLIED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False),
     "echo": (None, False),
-    "include_stop_str_in_output": (None, False),
-    "skip_special_tokens": (None, True),
-    "bad_words": (None, []),
-    "allowed_token_ids": (None,),
     "prompt_logprobs": (None,),
     "logprob_token_ids": (None,),
-    "structured_outputs": (None,),
     "truncate_prompt_tokens": (None,),
     "thinking_token_budget": (None,),
     "repetition_detection": (None,),
     "return_tokens_as_token_ids": (None, False),
     "return_token_ids": (None, False),
     "return_token_offsets": (None, False),
-    "spaces_between_special_tokens": (None, True),
     "vllm_xargs": (None,),
     "watermarking": (None,),
     # `vllm serve` without priority scheduling refuses any other priority, as this service does:
@@ -177,6 +172,41 @@ class StreamOptions(BaseModel):
     continuous_usage_stats: bool | None = False
 
 
+class StructuredOutputs(BaseModel):
+    """vLLM's `structured_outputs`: one constraint on the answer (a JSON schema, JSON at all,
+    a regular expression, one of some strings, or a grammar). Its tuning of the JSON grammar
+    and its structural tags are refused unless left unchanged (see `_refuse_what_is_not_applied`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    @property
+    def kinds(self) -> list[str]:
+        """The constraints it sets (vLLM needs exactly one)."""
+        values = {
+            "json": self.json_,
+            "regex": self.regex,
+            "choice": self.choice,
+            "grammar": self.grammar,
+            "json_object": self.json_object,
+        }
+        return [name for name, value in values.items() if value is not None]
+
+
+# `structured_outputs` options that tune vLLM's grammars or build structural tags, not applied here.
+_STRUCTURED_NOT_APPLIED: dict[str, tuple[Any, ...]] = {
+    "disable_any_whitespace": (None, False),
+    "disable_additional_properties": (None, False),
+    "whitespace_pattern": (None,),
+    "structural_tag": (None,),
+}
+
+
 class JsonSchemaResponseFormat(BaseModel):
     name: str
     description: str | None = None
@@ -250,8 +280,9 @@ class SamplingRequest(BaseModel):
     ) = None
     stream: bool | None = False
     stream_options: StreamOptions | None = None
-    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[float, Field(gt=0, le=1)] | None = None
+    # Their ranges are checked with vLLM's texts (`_sampling_checks`) and shown in the document.
+    temperature: float | None = Field(default=None, json_schema_extra={"minimum": 0, "maximum": 2})
+    top_p: float | None = Field(default=None, json_schema_extra={"exclusiveMinimum": 0, "maximum": 1})
     user: str | None = None
     # vLLM's sampling parameters beyond OpenAI's
     top_k: int | None = None
@@ -260,6 +291,12 @@ class SamplingRequest(BaseModel):
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
     min_tokens: Annotated[int, Field(ge=0)] = 0
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    bad_words: list[str] = Field(default_factory=list)
+    allowed_token_ids: list[int] | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -268,6 +305,11 @@ class SamplingRequest(BaseModel):
             for name, unchanged in cls.not_applied.items():
                 if data.get(name) not in unchanged:
                     raise RequestInvalid(f"`{name}` is not supported by this service.", name)
+            structured = data.get("structured_outputs")
+            for name, unchanged in _STRUCTURED_NOT_APPLIED.items():
+                if isinstance(structured, dict) and structured.get(name) not in unchanged:
+                    param = f"structured_outputs.{name}"
+                    raise RequestInvalid(f"`{param}` is not supported by this service.", param)
             options = data.get("stream_options")
             if isinstance(options, dict) and options.get("continuous_usage_stats"):
                 # Token events do not carry token counts, which usage on every chunk would need.
@@ -288,6 +330,18 @@ class SamplingRequest(BaseModel):
     @model_validator(mode="after")
     def _sampling_checks(self) -> Self:
         """vLLM's checks (SamplingParams._verify_args and the request's validators), its texts."""
+        temperature = self.temperature
+        if temperature is not None:
+            if not math.isfinite(temperature):
+                raise RequestInvalid(
+                    f"temperature must be a finite number, got {temperature}.", "temperature"
+                )
+            if temperature < 0.0:
+                raise RequestInvalid(f"temperature must be non-negative, got {temperature}.", "temperature")
+            if temperature > 2.0:
+                raise RequestInvalid(f"temperature must be in [0, 2], got {temperature}.", "temperature")
+        if self.top_p is not None and not 0.0 < self.top_p <= 1.0:
+            raise RequestInvalid(f"top_p must be in (0, 1], got {self.top_p}.", "top_p")
         for name in ("presence_penalty", "frequency_penalty"):
             value = getattr(self, name)
             if value is not None and not -2.0 <= value <= 2.0:
@@ -313,6 +367,12 @@ class SamplingRequest(BaseModel):
             raise RequestInvalid(f"n must be from 1 to {settings.API_MAX_N}, got {n}.", "n")
         if n > 1 and self.sampling_temperature < GREEDY_TEMPERATURE:
             raise RequestInvalid(f"n must be 1 when using greedy sampling, got {n}.", "n")
+        if any(not word for word in self.bad_words):
+            raise RequestInvalid(
+                f"bad_words cannot contain an empty string. Got bad_words={self.bad_words}", "bad_words"
+            )
+        if self.allowed_token_ids == []:
+            raise RequestInvalid("allowed_token_ids is not None and empty!", "allowed_token_ids")
         for key in self.logit_bias or {}:
             if not key.lstrip("-").isdigit():
                 raise RequestInvalid(f"logit_bias keys must be token ids, got {key!r}.", "logit_bias")
@@ -341,6 +401,44 @@ class SamplingRequest(BaseModel):
                     "response_format",
                 )
             _check_schema(response_format.json_schema.json_schema or {}, "response_format.json_schema.schema")
+        structured = self.structured_outputs
+        if structured is None:
+            return
+        # vLLM's checks of `structured_outputs` (the request's, then StructuredOutputsParams').
+        kinds = structured.kinds
+        if response_format is not None and response_format.type != "text":
+            kinds = [*kinds, "response_format"]  # vLLM adds the response format's constraint to them
+        if len(kinds) > 1:
+            raise RequestInvalid(
+                "You can only use one kind of structured outputs constraint but multiple are "
+                f"specified: {', '.join(kinds)}.",
+                "structured_outputs",
+            )
+        if not kinds:
+            raise RequestInvalid(
+                "You must use one kind of structured outputs constraint but none are specified.",
+                "structured_outputs",
+            )
+        if structured.choice == []:
+            raise RequestInvalid(
+                f"Choice '{structured.choice}' cannot be an empty list", "structured_outputs"
+            )
+        if structured.grammar is not None and not structured.grammar.strip():
+            raise RequestInvalid("structured_outputs.grammar cannot be an empty string", "structured_outputs")
+        if structured.json_ is not None:
+            _check_schema(self._structured_json_schema(), "structured_outputs.json")
+
+    def _structured_json_schema(self) -> dict[str, Any]:
+        """`structured_outputs.json`, which vLLM takes as a schema or as a schema's JSON text."""
+        schema = self.structured_outputs.json_ if self.structured_outputs is not None else None
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except ValueError:
+                raise RequestInvalid("Invalid JSON schema: not JSON.", "structured_outputs.json") from None
+        if not isinstance(schema, dict):
+            raise RequestInvalid("Invalid JSON schema: not an object.", "structured_outputs.json")
+        return schema
 
     # --- what the engine is asked for -----------------------------------------------------------
 
@@ -372,14 +470,25 @@ class SamplingRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
     def structured_output(self) -> StructuredOutput | None:
-        """The constraint on the answer that the response format asks for."""
+        """The constraint on the answer that the response format or `structured_outputs` asks
+        for (the checks let one of them at most through)."""
         response_format = self.response_format
-        if response_format is None or response_format.type == "text":
-            return None
-        if response_format.type == "json_object":
+        if response_format is not None and response_format.type == "json_object":
             return StructuredOutput(json_object=True)
-        assert response_format.json_schema is not None  # checked above
-        return StructuredOutput(json_schema=response_format.json_schema.json_schema or {})
+        if response_format is not None and response_format.type == "json_schema":
+            assert response_format.json_schema is not None  # checked above
+            return StructuredOutput(json_schema=response_format.json_schema.json_schema or {})
+        structured = self.structured_outputs
+        if structured is None:
+            return None
+        if structured.json_ is not None:
+            return StructuredOutput(json_schema=self._structured_json_schema())
+        return StructuredOutput(
+            json_object=bool(structured.json_object),
+            regex=structured.regex,
+            choice=None if structured.choice is None else tuple(structured.choice),
+            grammar=structured.grammar,
+        )
 
     def sampling_params(self, *, seed_offset: int = 0) -> SamplingParams:
         """What the engine applies (vLLM's `to_sampling_params`). Choice `seed_offset` of n
@@ -404,6 +513,11 @@ class SamplingRequest(BaseModel):
             if self.logit_bias is None
             else {int(k): min(100.0, max(-100.0, v)) for k, v in self.logit_bias.items()},
             structured=self.structured_output(),
+            include_stop_str_in_output=self.include_stop_str_in_output,
+            skip_special_tokens=self.skip_special_tokens,
+            spaces_between_special_tokens=self.spaces_between_special_tokens,
+            bad_words=tuple(self.bad_words),
+            allowed_token_ids=None if self.allowed_token_ids is None else tuple(self.allowed_token_ids),
         )
 
 
@@ -471,19 +585,18 @@ class ChatCompletionRequest(SamplingRequest):
             return
         if self.tools is None:
             raise RequestInvalid("When using `tool_choice`, `tools` must be set.", "tool_choice")
-        if choice == "auto":
-            # vLLM needs a tool call parser for the model to find calls in free text; none of
-            # the models served here has one.
-            raise RequestInvalid(
-                '"auto" tool choice requires a tool call parser for the model, and this service has '
-                'none: use tool_choice "required" or name the function.',
-                "tool_choice",
-            )
         if isinstance(choice, NamedToolChoice) and choice.function.name not in self._tool_schemas():
             raise RequestInvalid(
                 "The tool specified in `tool_choice` does not match any of the specified `tools`",
                 "tool_choice",
             )
+        if isinstance(choice, NamedToolChoice) and self.structured_outputs is not None:
+            raise RequestInvalid(
+                "You can only either use constraints for structured outputs or tools, not both.",
+                "structured_outputs",
+            )
+        if choice == "required":
+            self._required_calls_schema()  # refuses conflicting `$defs`
 
     @property
     def requested_max_tokens(self) -> int | None:
@@ -502,6 +615,23 @@ class ChatCompletionRequest(SamplingRequest):
         """The answer is a call to a tool (named or "required"), never free text."""
         return self.tool_choice == "required" or isinstance(self.tool_choice, NamedToolChoice)
 
+    @property
+    def tool_choice_auto(self) -> bool:
+        """The model chooses between text and tool calls, which are found in its text (tools
+        given without a tool_choice mean this)."""
+        return self.tool_choice == "auto"
+
+    def tool_parsing(self, parser: str) -> ToolParsing | None:
+        """How the worker reads this request's answer for tool calls with `parser`, when the
+        model chooses; None otherwise."""
+        if not self.tool_choice_auto:
+            return None
+        return ToolParsing(
+            parser=parser,
+            tools=[tool.model_dump(exclude_none=True) for tool in self.tools or ()],
+            parallel_tool_calls=self.parallel_tool_calls is not False,
+        )
+
     def prompt_messages(self) -> list[dict[str, str]]:
         return [{"role": ROLES[message.role], "content": message.text} for message in self.messages]
 
@@ -515,24 +645,41 @@ class ChatCompletionRequest(SamplingRequest):
         if isinstance(choice, NamedToolChoice):
             return StructuredOutput(json_schema=self._tool_schemas()[choice.function.name])
         if choice == "required":
-            calls: dict[str, Any] = {
-                "type": "array",
-                "minItems": 1,
-                "items": {
-                    "type": "object",
-                    "anyOf": [
-                        {
-                            "properties": {"name": {"type": "string", "enum": [name]}, "parameters": schema},
-                            "required": ["name", "parameters"],
-                        }
-                        for name, schema in self._tool_schemas().items()
-                    ],
-                },
-            }
-            if self.parallel_tool_calls is False:
-                calls["maxItems"] = 1
-            return StructuredOutput(json_schema=calls)
+            return StructuredOutput(json_schema=self._required_calls_schema())
         return super().structured_output()
+
+    def _required_calls_schema(self) -> dict[str, Any]:
+        """A "required" answer's schema, vLLM's `_get_json_schema_from_tools`: a list of
+        {name, parameters}, each function's parameters one branch. Their `$defs` move to the
+        top, where the `$ref`s that pydantic and LangChain write ("#/$defs/...") point; a name
+        two tools define differently is refused, as vLLM refuses it."""
+        branches = []
+        definitions: dict[str, Any] = {}
+        for name, schema in self._tool_schemas().items():
+            # An object: each tool's parameters passed the schema check (`_structure_checks`).
+            for definition, definition_schema in schema.get("$defs", {}).items():
+                if definitions.setdefault(definition, definition_schema) != definition_schema:
+                    raise RequestInvalid(
+                        f"Tool definition '{definition}' has multiple schemas, which is not supported.",
+                        "tools",
+                    )
+            parameters = {key: value for key, value in schema.items() if key != "$defs"}
+            branches.append(
+                {
+                    "properties": {"name": {"type": "string", "enum": [name]}, "parameters": parameters},
+                    "required": ["name", "parameters"],
+                }
+            )
+        calls: dict[str, Any] = {
+            "type": "array",
+            "minItems": 1,
+            "items": {"type": "object", "anyOf": branches},
+        }
+        if self.parallel_tool_calls is False:
+            calls["maxItems"] = 1
+        if definitions:
+            calls["$defs"] = definitions
+        return calls
 
 
 class CompletionRequest(SamplingRequest):

@@ -47,7 +47,8 @@ from api.openai_protocol import (
 from api.openai_protocol import TokenLogprob as TokenLogprobShape
 from api.openai_protocol import Usage as UsageShape
 from scheduler.admission import AdmissionRefused
-from scheduler.generation import TokenLogprob, Usage
+from scheduler.generation import ParsedAnswer, ParsedDelta, TokenLogprob, Usage
+from scheduler.generation import ToolCallDelta as ParsedToolCallDelta
 from scheduler.key_limits import KeyLimitState, LimitLevel
 from scheduler.prompt import ChatTemplateError, prompt_token_count, text_prompt_token_count
 
@@ -232,7 +233,7 @@ def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = Fals
             ("stream", request.stream),
             ("n", request.choices > 1),
             ("logprobs", request.logprobs),
-            ("tool_choice", request.tool_choice_forced),
+            ("tool_choice", request.tool_choice not in (None, "none")),
         ):
             if used:
                 raise invalid(f"`{name}` is not available for requests in a job.", param_prefix + name)
@@ -286,11 +287,12 @@ _CALLED_FUNCTIONS = TypeAdapter(list[_CalledFunction])
 
 @dataclass(frozen=True, slots=True)
 class ChoiceOutcome:
-    """One choice as its generation ended."""
+    """One choice as its generation ended; `parsed`: as its tool-call parser read it."""
 
     text: str
     finish_reason: str
     logprobs: list[TokenLogprob] | None = None
+    parsed: ParsedAnswer | None = None
 
 
 def logprobs_shape(entries: Iterable[TokenLogprob], top: int) -> ChoiceLogprobs:
@@ -397,6 +399,16 @@ def choice_object(index: int, outcome: ChoiceOutcome, request: ChatCompletionReq
     elif choice == "required":
         message = AssistantMessageShape(content="", tool_calls=required_tool_calls(outcome.text))
         if finish_reason == "stop":
+            finish_reason = "tool_calls"
+    elif choice == "auto" and outcome.parsed is not None:
+        # As vLLM's auto tool choice: the parser's content (None when only calls), and an
+        # answer that calls tools finishes with "tool_calls", even one cut short.
+        calls = [
+            ToolCall(id=tool_call_id(), function=FunctionCall(name=call.name, arguments=call.arguments))
+            for call in outcome.parsed.tool_calls
+        ]
+        message = AssistantMessageShape(content=outcome.parsed.content, tool_calls=calls)
+        if calls:
             finish_reason = "tool_calls"
     logprobs = None
     if request is not None and request.logprobs:
@@ -546,6 +558,28 @@ def named_tool_call_delta(name: str | None, arguments: str) -> ChoiceDelta:
             )
         ]
     )
+
+
+def parsed_delta(parsed: ParsedDelta) -> ChoiceDelta | None:
+    """What the tool-call parser let through of some text, as a chunk's delta (only the fields
+    it set); None when it held everything back."""
+    if parsed.content is None and not parsed.tool_calls:
+        return None
+    delta = ChoiceDelta()
+    if parsed.content is not None:
+        delta.content = parsed.content
+    if parsed.tool_calls:
+        delta.tool_calls = [_tool_call_piece(call) for call in parsed.tool_calls]
+    return delta
+
+
+def _tool_call_piece(call: ParsedToolCallDelta) -> ToolCallDelta:
+    """A piece of a streamed call with the fields the parser gave (the first names the call)."""
+    function = {name: value for name, value in (("name", call.name), ("arguments", call.arguments)) if value}
+    piece = ToolCallDelta(index=call.index, function=FunctionCallDelta(**function))
+    if call.id is not None:
+        piece.id, piece.type = call.id, "function"
+    return piece
 
 
 def tool_calls_delta(calls: list[ToolCall]) -> ChoiceDelta:

@@ -244,6 +244,13 @@ def job_create(request: HttpRequest) -> HttpResponse:
         job = jobs.job_create(api_key=api_key, requests=requests)
     except jobs.ModelUnknown as exc:
         raise model_not_found(exc.model) from None
+    except jobs.RequestTooLarge as exc:
+        raise completions.request_too_large(
+            api_key=api_key,
+            tokens=exc.tokens,
+            tokens_per_minute=exc.tokens_per_minute,
+            param=f"requests[{exc.index}]",
+        ) from None
     except jobs.TooManyActiveJobs as exc:
         # No honest Retry-After: jobs take as long as they take. Clients should not loop.
         raise ApiError(429, str(exc), type="requests", code="too_many_active_jobs", retryable=False) from None

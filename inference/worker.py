@@ -46,6 +46,7 @@ from scheduler.generation import (
     Done,
     Error,
     EventBody,
+    ParsedAnswer,
     Queued,
     Reset,
     Start,
@@ -331,7 +332,7 @@ class InferenceWorker:
         candidates = [
             r
             for r in self._active()
-            if r.preemptible and not r.cancel_requested and resumable(r.job.generation.sampling)
+            if r.preemptible and not r.cancel_requested and resumable(r.job.generation)
         ]
         if not candidates:
             return None
@@ -341,7 +342,7 @@ class InferenceWorker:
         """Whether a VIP job could take a slot now or soon (an answer not yet under way becomes
         preemptible when its first engine request starts)."""
         return self.config.vip_preemption and any(
-            r.job.tier != Tier.VIP and not r.cancel_requested and resumable(r.job.generation.sampling)
+            r.job.tier != Tier.VIP and not r.cancel_requested and resumable(r.job.generation)
             for r in self._active()
         )
 
@@ -525,15 +526,22 @@ class InferenceWorker:
                         sampling=job.generation.sampling,
                         prompt=job.generation.prompt,
                         continuation=_continuation(entry, last),
+                        tool_parsing=job.generation.tool_parsing,
                     )
                     entry.preemptible = job.tier != Tier.VIP
                     try:
                         async for last in self.engine.generate(request):
-                            if last.text or last.logprobs:
+                            if last.text or last.logprobs or (last.parsed and last.parsed.tool_calls):
                                 if ttft_ms is None:
                                     ttft_ms = (time.monotonic() - started) * 1000
                                 self._emit(
-                                    job, Token(seq=len(entry.text), text=last.text, logprobs=last.logprobs)
+                                    job,
+                                    Token(
+                                        seq=len(entry.text),
+                                        text=last.text,
+                                        logprobs=last.logprobs,
+                                        parsed=last.parsed,
+                                    ),
                                 )
                                 entry.text.append(last.text)
                             if last.finish_reason is not None:
@@ -600,6 +608,7 @@ class InferenceWorker:
                 usage=_usage(last),
                 timings=self._timings(job, started, ttft_ms),
             ),
+            parsed=last.parsed_answer if last is not None else None,
         )
 
     def _timings(self, job: Job, started: float, ttft_ms: float | None) -> Timings:
@@ -611,10 +620,11 @@ class InferenceWorker:
             engine=self.engine.label,
         )
 
-    async def _finish(self, job: Job, outcome: GenerationOutcome) -> None:
+    async def _finish(self, job: Job, outcome: GenerationOutcome, parsed: ParsedAnswer | None = None) -> None:
         """Store the outcome, then publish the terminal event (so a reload after `done` shows
-        it). The answer is counted (console series, Prometheus) only when this stored it: a
-        job finished twice (reclaimed after its worker stored it) counts once."""
+        it), with `parsed`, the answer as its tool-call parser read it. The answer is counted
+        (console series, Prometheus) only when this stored it: a job finished twice (reclaimed
+        after its worker stored it) counts once."""
         stored = await self.recorder.store(job.request_id, outcome)
         if stored:
             variant = job.generation.variant
@@ -624,6 +634,7 @@ class InferenceWorker:
             lambda: request_finished(
                 self.queue.client,
                 client_id=job.generation.client_id,
+                limits_client_id=job.generation.limits_client_id,
                 request_id=job.request_id,
                 tokens_used=outcome.usage.prompt_tokens + outcome.usage.completion_tokens,
             )
@@ -632,7 +643,13 @@ class InferenceWorker:
             event = self._emit(job, Error(code=outcome.error_code, message=outcome.error_message))
         else:
             event = self._emit(
-                job, Done(finish_reason=outcome.finish_reason, usage=outcome.usage, timings=outcome.timings)
+                job,
+                Done(
+                    finish_reason=outcome.finish_reason,
+                    usage=outcome.usage,
+                    timings=outcome.timings,
+                    parsed=parsed,
+                ),
             )
         await event
 

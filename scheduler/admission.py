@@ -14,13 +14,20 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from scheduler import key_limits, keys, metrics, timeseries
+from scheduler import control, key_limits, keys, metrics, timeseries
 from scheduler.generation import Done, GenerationJob, Start, Tier, Timings, Token, Usage, event_encode
 from scheduler.key_limits import KeyLimits, KeyLimitState
 from scheduler.models import Generation
 from scheduler.policy import Policy, tier_policy
 from scheduler.queues import job_enqueue
-from scheduler.rate_limits import Bucket, RateCharge, RateDecision, address_scope, rate_limit_take
+from scheduler.rate_limits import (
+    Bucket,
+    RateCharge,
+    RateDecision,
+    address_scope,
+    rate_limit_refund,
+    rate_limit_take,
+)
 from scheduler.redis import sync_redis
 from scheduler.services import GenerationOutcome, generation_create, generation_discard, generation_finish
 
@@ -140,6 +147,19 @@ def request_admit(
     return admission
 
 
+def request_withdraw(*, job: GenerationJob, limits: KeyLimits | None = None, tokens: int = 0) -> None:
+    """Take back a request admitted moments ago whose caller gave up the whole call (a choice
+    of the same `n` was refused): it is cancelled, its record is forgotten and every limit
+    gets back what admitting it took (the same `limits` and `tokens`), so that a refused call
+    charges nothing anywhere."""
+    charge = _charge(
+        job, tier_policy(job.tier), limits or KeyLimits(), client_address=None, tokens=tokens, reserve=True
+    )
+    control.request_cancel(request_id=job.request_id)
+    rate_limit_refund(charge)
+    generation_discard(request_id=job.request_id)
+
+
 def _charge(
     job: GenerationJob,
     policy: Policy,
@@ -152,10 +172,10 @@ def _charge(
     """What admitting the request takes: the API key's own buckets (`tokens` from its tokens
     bucket, noted as a reservation to settle when `reserve`), then the client's, address's,
     tier's and global ones, and a place among the client's unfinished requests."""
-    own = key_limits.key_buckets(job.client_id, limits, tokens=tokens)
+    own = key_limits.key_buckets(job.limits_client_id, limits, tokens=tokens)
     reservation = None
     if reserve and limits.tokens_per_minute is not None:
-        reservation = (keys.key_token_reservations(job.client_id), float(tokens))
+        reservation = (keys.key_token_reservations(job.limits_client_id), float(tokens))
     return RateCharge(
         buckets=(*own, *_buckets(policy, job.client_id, client_address)),
         inflight_key=keys.inflight(job.client_id),
@@ -341,10 +361,20 @@ def request_admit_known(
 
 
 async def request_finished(
-    client: aioredis.Redis, *, client_id: str, request_id: str, tokens_used: int
+    client: aioredis.Redis,
+    *,
+    client_id: str,
+    request_id: str,
+    tokens_used: int,
+    limits_client_id: str | None = None,
 ) -> None:
     """The request no longer counts against its client's concurrency limit, and its API key's
-    token reservation is settled with what it used. Idempotent."""
+    token reservation (`limits_client_id`'s, when not the client's: GenerationJob's) is settled
+    with what it used. Idempotent."""
     await key_limits.request_settle(
-        client, client_id=client_id, request_id=request_id, tokens_used=tokens_used
+        client,
+        client_id=client_id,
+        limits_client_id=limits_client_id or client_id,
+        request_id=request_id,
+        tokens_used=tokens_used,
     )

@@ -45,23 +45,40 @@ class Origin(StrEnum):
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
     """A constraint on the answer's shape, applied by the engine while it samples (vLLM's
-    structured outputs): valid JSON (`json_object`), or JSON valid against `json_schema`."""
+    structured outputs): one of valid JSON (`json_object`), JSON valid against `json_schema`,
+    text matching `regex`, one of `choice`, or text of a `grammar` (EBNF or Lark)."""
 
     json_object: bool = False
     json_schema: dict[str, Any] | None = None
+    regex: str | None = None
+    choice: tuple[str, ...] | None = None
+    grammar: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"json_object": self.json_object, "json_schema": self.json_schema}
+        return {
+            "json_object": self.json_object,
+            "json_schema": self.json_schema,
+            "regex": self.regex,
+            "choice": None if self.choice is None else list(self.choice),
+            "grammar": self.grammar,
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> StructuredOutput:
-        return cls(json_object=bool(data.get("json_object")), json_schema=data.get("json_schema"))
+        choice = data.get("choice")
+        return cls(
+            json_object=bool(data.get("json_object")),
+            json_schema=data.get("json_schema"),
+            regex=data.get("regex"),
+            choice=None if choice is None else tuple(choice),
+            grammar=data.get("grammar"),
+        )
 
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
-    """How to sample the answer; the engine applies these and nothing else. Names, defaults and
-    meanings are vLLM's `SamplingParams`."""
+    """How to sample the answer and write out its text; the engine applies these and nothing
+    else. Names, defaults and meanings are vLLM's `SamplingParams`."""
 
     max_tokens: int
     temperature: float
@@ -80,6 +97,11 @@ class SamplingParams:
     logprobs: int | None = None
     logit_bias: dict[int, float] | None = None
     structured: StructuredOutput | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    bad_words: tuple[str, ...] = ()
+    allowed_token_ids: tuple[int, ...] | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -102,6 +124,11 @@ class SamplingParams:
             if self.logit_bias is None
             else {str(k): v for k, v in self.logit_bias.items()},
             "structured": None if self.structured is None else self.structured.to_dict(),
+            "include_stop_str_in_output": self.include_stop_str_in_output,
+            "skip_special_tokens": self.skip_special_tokens,
+            "spaces_between_special_tokens": self.spaces_between_special_tokens,
+            "bad_words": list(self.bad_words),
+            "allowed_token_ids": None if self.allowed_token_ids is None else list(self.allowed_token_ids),
         }
 
     @classmethod
@@ -110,6 +137,7 @@ class SamplingParams:
         decode to what they meant."""
         logit_bias = data.get("logit_bias")
         structured = data.get("structured")
+        allowed_token_ids = data.get("allowed_token_ids")
         return cls(
             max_tokens=int(data["max_tokens"]),
             temperature=float(data["temperature"]),
@@ -127,6 +155,31 @@ class SamplingParams:
             logprobs=data.get("logprobs"),
             logit_bias=None if logit_bias is None else {int(k): float(v) for k, v in logit_bias.items()},
             structured=None if structured is None else StructuredOutput.from_dict(structured),
+            include_stop_str_in_output=bool(data.get("include_stop_str_in_output", False)),
+            skip_special_tokens=bool(data.get("skip_special_tokens", True)),
+            spaces_between_special_tokens=bool(data.get("spaces_between_special_tokens", True)),
+            bad_words=tuple(data.get("bad_words") or ()),
+            allowed_token_ids=None if allowed_token_ids is None else tuple(allowed_token_ids),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ToolParsing:
+    """An answer in which the worker finds tool calls ("auto" tool choice): the name of vLLM's
+    tool-call parser for the model (`vllm serve --tool-call-parser`), the request's `tools` in
+    OpenAI's shape, and whether it may call several at once."""
+
+    parser: str
+    tools: list[dict[str, Any]]
+    parallel_tool_calls: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"parser": self.parser, "tools": self.tools, "parallel_tool_calls": self.parallel_tool_calls}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ToolParsing:
+        return cls(
+            parser=data["parser"], tools=data["tools"], parallel_tool_calls=bool(data["parallel_tool_calls"])
         )
 
 
@@ -149,6 +202,19 @@ class GenerationJob:
     # How long the request may go unwatched before the worker cancels it; None: never (batch).
     disconnect_grace_s: float | None
     prompt: str | None = None
+    # Which of its call's `n` choices this is (an API call's; each is a job): the call's prompt
+    # and request are counted once, with choice 0.
+    choice: int = 0
+    # The API key whose own limits (scheduler.key_limits) the request counts against, when it
+    # is not `client_id`: a batch job's item counts against its owner's batch limits and its
+    # key's requests and tokens per minute.
+    key_client_id: str | None = None
+    tool_parsing: ToolParsing | None = None
+
+    @property
+    def limits_client_id(self) -> str:
+        """Whose own requests and tokens buckets (an API key's) the request is charged to."""
+        return self.key_client_id or self.client_id
 
     def encode(self) -> str:
         return json.dumps(
@@ -163,12 +229,16 @@ class GenerationJob:
                 "model": self.model,
                 "disconnect_grace_s": self.disconnect_grace_s,
                 "prompt": self.prompt,
+                "choice": self.choice,
+                "key_client_id": self.key_client_id,
+                "tool_parsing": None if self.tool_parsing is None else self.tool_parsing.to_dict(),
             }
         )
 
     @classmethod
     def decode(cls, raw: str) -> GenerationJob:
         data = json.loads(raw)
+        tool_parsing = data.get("tool_parsing")
         return cls(
             request_id=data["request_id"],
             origin=Origin(data["origin"]),
@@ -180,6 +250,9 @@ class GenerationJob:
             model=data["model"],
             disconnect_grace_s=data["disconnect_grace_s"],
             prompt=data.get("prompt"),
+            choice=int(data.get("choice", 0)),
+            key_client_id=data.get("key_client_id"),
+            tool_parsing=None if tool_parsing is None else ToolParsing.from_dict(tool_parsing),
         )
 
 
@@ -261,14 +334,70 @@ class TokenLogprob:
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A piece of a tool call as a parser streams it (OpenAI's chunk shape): the call's place in
+    the answer, and what this piece adds (the first piece names it)."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedDelta:
+    """What the tool-call parser made of one engine step's text: the content a client is sent
+    (None: none yet, the parser holds the text back) and pieces of tool calls."""
+
+    content: str | None = None
+    tool_calls: tuple[ToolCallDelta, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"content": self.content, "tool_calls": [asdict(call) for call in self.tool_calls]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParsedDelta:
+        return cls(
+            content=data.get("content"),
+            tool_calls=tuple(ToolCallDelta(**call) for call in data.get("tool_calls") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class CalledTool:
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+@dataclass(frozen=True, slots=True)
+class ParsedAnswer:
+    """What the tool-call parser made of the whole answer: its content (None: only calls) and
+    the tools it calls."""
+
+    content: str | None
+    tool_calls: tuple[CalledTool, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"content": self.content, "tool_calls": [asdict(call) for call in self.tool_calls]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParsedAnswer:
+        return cls(
+            content=data.get("content"),
+            tool_calls=tuple(CalledTool(**call) for call in data.get("tool_calls") or ()),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class Token:
     """Text from one engine step; `logprobs` (one entry per token of the text) only when the
-    request asked for them."""
+    request asked for them, `parsed` only when its answer is parsed for tool calls."""
 
     type: ClassVar[str] = "token"
     seq: int
     text: str
     logprobs: tuple[TokenLogprob, ...] | None = None
+    parsed: ParsedDelta | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,13 +412,15 @@ class Reset:
 @dataclass(frozen=True, slots=True)
 class Done:
     """The answer ended normally; `finish_reason` "cancelled" when it was stopped. `cached`:
-    the answer came from the result cache (knowledge.cache), not from a worker."""
+    the answer came from the result cache (knowledge.cache), not from a worker. `parsed`: the
+    whole answer as the tool-call parser read it, when it was parsed."""
 
     type: ClassVar[str] = "done"
     finish_reason: str
     usage: Usage = field(default_factory=Usage)
     timings: Timings | None = None
     cached: bool = False
+    parsed: ParsedAnswer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,16 +437,22 @@ TERMINAL_EVENTS = frozenset({Done.type, Error.type})
 def event_data(body: EventBody) -> dict[str, Any]:
     """An event's fields as sent on the wire (the result stream's `data`, the SSE `data`)."""
     if isinstance(body, Token):  # the per-token path: no asdict
-        if body.logprobs is None:
-            return {"seq": body.seq, "text": body.text}
-        return {"seq": body.seq, "text": body.text, "logprobs": [entry.to_dict() for entry in body.logprobs]}
+        data: dict[str, Any] = {"seq": body.seq, "text": body.text}
+        if body.logprobs is not None:
+            data["logprobs"] = [entry.to_dict() for entry in body.logprobs]
+        if body.parsed is not None:
+            data["parsed"] = body.parsed.to_dict()
+        return data
     if isinstance(body, Done):
-        return {
+        done: dict[str, Any] = {
             "finish_reason": body.finish_reason,
             "usage": asdict(body.usage),
             "timings": asdict(body.timings) if body.timings is not None else {},
             "cached": body.cached,
         }
+        if body.parsed is not None:
+            done["parsed"] = body.parsed.to_dict()
+        return done
     return asdict(body)
 
 
@@ -333,10 +470,12 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
     """The inverse of event_data; raises ValueError for an unknown type."""
     if kind == Token.type:
         logprobs = data.get("logprobs")
+        parsed = data.get("parsed")
         return Token(
             seq=int(data["seq"]),
             text=data["text"],
             logprobs=None if logprobs is None else tuple(TokenLogprob.from_dict(entry) for entry in logprobs),
+            parsed=None if parsed is None else ParsedDelta.from_dict(parsed),
         )
     if kind == Queued.type:
         return Queued(seq=int(data["seq"]), tier=Tier(data["tier"]))
@@ -350,11 +489,13 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
         return Reset(reason=data.get("reason", ""), attempt=int(data.get("attempt", 0)))
     if kind == Done.type:
         timings = data.get("timings") or None
+        parsed_answer = data.get("parsed")
         return Done(
             finish_reason=data["finish_reason"],
             usage=Usage(**(data.get("usage") or {})),
             timings=Timings(**timings) if timings else None,
             cached=bool(data.get("cached", False)),
+            parsed=None if parsed_answer is None else ParsedAnswer.from_dict(parsed_answer),
         )
     if kind == Error.type:
         return Error(code=data["code"], message=data["message"])

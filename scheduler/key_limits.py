@@ -110,16 +110,17 @@ return 1
 
 
 async def request_settle(
-    client: aioredis.Redis, *, client_id: str, request_id: str, tokens_used: int
+    client: aioredis.Redis, *, client_id: str, limits_client_id: str, request_id: str, tokens_used: int
 ) -> None:
-    """Take the request off its client's unfinished ones and settle its key's reservation: the
-    tokens bucket gets back what was reserved beyond `tokens_used` (or pays what was used beyond
-    it). Idempotent: a reservation is settled once, so a retried call changes nothing."""
+    """Take the request off its client's unfinished ones and settle its key's reservation (the
+    key `limits_client_id`): the tokens bucket gets back what was reserved beyond `tokens_used`
+    (or pays what was used beyond it). Idempotent: a reservation is settled once, so a retried
+    call changes nothing."""
     await async_script(client, _FINISH)(
         keys=[
             keys.inflight(client_id),
-            keys.key_token_reservations(client_id),
-            keys.bucket_key_tokens(client_id),
+            keys.key_token_reservations(limits_client_id),
+            keys.bucket_key_tokens(limits_client_id),
         ],
         args=[request_id, tokens_used],
     )

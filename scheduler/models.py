@@ -96,6 +96,15 @@ class Variant(models.Model):
         help_text="When the help center has nothing on a conversation's first question, reply that "
         "we do not know (in the customer's language) instead of asking the model.",
     )
+    # As `vllm serve --enable-auto-tool-choice --tool-call-parser <name>`: the worker reads the
+    # model's tool calls out of its free text with this parser of vLLM's, for API calls that let
+    # it choose (tool_choice "auto"). Blank: the model has no tool-call format, and "auto" is a 400.
+    tool_call_parser = models.CharField(
+        max_length=64,
+        blank=True,
+        help_text="The model's tool-call parser in vLLM (e.g. pythonic, hermes, llama3_json), for API "
+        'calls with tool_choice "auto"; blank: such calls are refused.',
+    )
     description = models.CharField(max_length=200, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -189,6 +198,8 @@ class Generation(models.Model):
     model = models.CharField(max_length=128, blank=True)  # the queue it went to: its variant's model
     tier = models.CharField(max_length=16, choices=TIER_CHOICES)
     client_id = models.CharField(max_length=128, blank=True)
+    # Which of its call's n choices it answers (scheduler.generation.GenerationJob.choice).
+    choice = models.PositiveSmallIntegerField(default=0)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.PENDING)
     finish_reason = models.CharField(max_length=32, blank=True)
     error_code = models.CharField(max_length=32, blank=True)

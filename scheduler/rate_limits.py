@@ -158,6 +158,33 @@ class RateCharge:
         )
 
 
+_REFUND = """
+-- KEYS: the client's inflight set, its n buckets, then (optional) the reservations hash.
+-- ARGV: n, request_id, then each bucket's cost.
+local n = tonumber(ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[2])
+for i = 1, n do
+  -- An expired bucket is full: there is nothing to give back. A level over the capacity is
+  -- read as the capacity.
+  if redis.call('EXISTS', KEYS[1 + i]) == 1 then
+    redis.call('HINCRBYFLOAT', KEYS[1 + i], 'tokens', ARGV[2 + i])
+  end
+end
+if KEYS[n + 2] then redis.call('HDEL', KEYS[n + 2], ARGV[2]) end
+return 1
+"""
+
+
+def rate_limit_refund(charge: RateCharge) -> None:
+    """Give back what `charge` took when it was admitted: every bucket's cost, the place among
+    the client's unfinished requests and the reservation, which is then no longer settled."""
+    reservation_key = [charge.reservation[0]] if charge.reservation else []
+    sync_script(_REFUND)(
+        keys=[charge.inflight_key, *(bucket.key for bucket in charge.buckets), *reservation_key],
+        args=[len(charge.buckets), charge.request_id, *(bucket.cost for bucket in charge.buckets)],
+    )
+
+
 def rate_limit_take(charge: RateCharge) -> RateDecision:
     """Charge the request, or nothing when a limit refuses it."""
     return charge.decision(sync_script(_TAKE)(keys=charge.script_keys(), args=charge.script_args()))

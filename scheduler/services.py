@@ -42,6 +42,7 @@ def generation_create(*, job: GenerationJob) -> Generation:
             "model": job.model,
             "tier": job.tier,
             "client_id": job.client_id,
+            "choice": job.choice,
         },
     )
     return generation
@@ -58,6 +59,7 @@ def generation_insert(*, job: GenerationJob, cache_lookup_ms: float | None = Non
         model=job.model,
         tier=job.tier,
         client_id=job.client_id,
+        choice=job.choice,
         cache=CacheResult.MISS if cache_lookup_ms is not None else "",
         cache_lookup_ms=cache_lookup_ms,
     )

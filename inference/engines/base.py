@@ -10,7 +10,14 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from scheduler.generation import SamplingParams, TokenLogprob
+from scheduler.generation import (
+    GenerationJob,
+    ParsedAnswer,
+    ParsedDelta,
+    SamplingParams,
+    TokenLogprob,
+    ToolParsing,
+)
 
 
 class EngineDeadError(RuntimeError):
@@ -32,17 +39,20 @@ class Continuation:
     output_tokens: int
 
 
-def resumable(sampling: SamplingParams) -> bool:
-    """Whether an answer with these parameters goes on after a Continuation as it would have
-    without the pause. Not a structured output (its grammar cannot restart half-way through the
-    JSON), not seeded random sampling (the seed would restart its random stream, and the same
+def resumable(job: GenerationJob) -> bool:
+    """Whether the job's answer goes on after a Continuation as it would have without the
+    pause. Not one read for tool calls (the parser's state cannot restart half-way), not a
+    structured output (its grammar cannot restart half-way through the JSON), not seeded random
+    sampling (the seed would restart its random stream, and the same
     request would no longer give the same answer), not a presence penalty (taken once per token
     over the output: the written tokens, now in the prompt, would be penalised again when they
     recur). A frequency penalty resumes: an engine continuing an answer counts the tokens it
     had written (vLLM: as a logit bias). Logprobs resume: the streamed tokens' were sent
     already, and the rest are computed after the same text."""
+    sampling = job.sampling
     return (
-        sampling.structured is None
+        job.tool_parsing is None
+        and sampling.structured is None
         and (sampling.seed is None or sampling.temperature == 0)
         and sampling.presence_penalty == 0
     )
@@ -61,6 +71,8 @@ class GenerationRequest:
     # assistant turn, or to a raw prompt). Sampling limits (max and min tokens) apply to the
     # whole answer, continuation included.
     continuation: Continuation | None = None
+    # The answer is read for tool calls with vLLM's parser (an engine that has none: not read).
+    tool_parsing: ToolParsing | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +85,9 @@ class Delta:
     finish_reason: str | None = None  # "stop" | "length" | "abort" on the last delta
     # One entry per token of `text` when the request asked for logprobs, else None.
     logprobs: tuple[TokenLogprob, ...] | None = None
+    # With tool_parsing: what the parser made of `text`, and on the last delta of the whole answer.
+    parsed: ParsedDelta | None = None
+    parsed_answer: ParsedAnswer | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,14 @@ cold start in the autoscaling benchmark as slow as one is on real hardware.
 would (the canary's rollback is tested with it).
 
 Sampling parameters are honoured where a model is not needed: max and min tokens, ignore_eos
-(the answer's natural end is `output_tokens`), stop strings, and the seed (it picks where the
-filler starts, so a seed gives the same answer every time and two seeds two answers). What needs
-a model is simulated but well-formed: a structured output is the smallest JSON value valid
-against the schema (strings say "simulated"), and every token's logprob is 0 (the answer is
-certain) with the other candidates at vLLM's floor, -9999. Penalties, top_k, min_p, logit_bias
-and stop_token_ids need a vocabulary and change nothing here.
+(the answer's natural end is `output_tokens`), stop strings (kept in the answer with
+include_stop_str_in_output), and the seed (it picks where the filler starts, so a seed gives the
+same answer every time and two seeds two answers). What needs a model is simulated but
+well-formed: a JSON output is the smallest JSON value valid against the schema (strings say
+"simulated"), a choice is the first one, and every token's logprob is 0 (the answer is certain)
+with the other candidates at vLLM's floor, -9999. Penalties, top_k, min_p, logit_bias,
+stop_token_ids, bad_words, allowed_token_ids and the special-token options need a vocabulary and
+change nothing here; nor does a regex or grammar constraint (the filler answers).
 """
 
 from __future__ import annotations
@@ -67,10 +69,13 @@ def simulated_answer_tokens(request: GenerationRequest, count: int) -> list[str]
 
 
 def _structured_tokens(request: GenerationRequest) -> list[str] | None:
-    """The JSON answer's tokens when the output is structured, else None."""
+    """The answer's tokens when the output is JSON or one of some choices, else None (a
+    regular expression or a grammar would need a generator of their own: the filler answers)."""
     structured = request.sampling.structured
-    if structured is None:
+    if structured is None or structured.regex is not None or structured.grammar is not None:
         return None
+    if structured.choice is not None:
+        return [structured.choice[0]]
     schema = structured.json_schema
     value = simulated_json(schema) if schema is not None else {"simulated": True}
     return _JSON_PIECE.findall(json.dumps(value))
@@ -128,18 +133,20 @@ def _answer_length(sampling: SamplingParams, natural_tokens: int) -> int:
     return max(1, min(sampling.max_tokens, max(length, sampling.min_tokens)))
 
 
-def _stopped(tokens: list[str], stop: tuple[str, ...], min_tokens: int) -> tuple[list[str], bool]:
-    """The tokens up to the first stop string (which is not part of the answer, as in vLLM),
-    and whether one was found; stop strings count only from min_tokens on."""
+def _stopped(tokens: list[str], sampling: SamplingParams) -> tuple[list[str], bool]:
+    """The tokens up to the first stop string (which is not part of the answer unless
+    `include_stop_str_in_output`, as in vLLM), and whether one was found; stop strings count
+    only from min_tokens on."""
     text = ""
     for n, token in enumerate(tokens):
         text += token
-        if n + 1 < min_tokens:
+        if n + 1 < sampling.min_tokens:
             continue
-        ends = [text.find(s, max(0, len(text) - len(token) - len(s) + 1)) for s in stop]
-        found = [end for end in ends if end >= 0]
+        starts = [(text.find(s, max(0, len(text) - len(token) - len(s) + 1)), s) for s in sampling.stop]
+        found = [(start, s) for start, s in starts if start >= 0]
         if found:
-            kept = text[: min(found)]
+            start, stop = min(found)
+            kept = text[: start + len(stop) if sampling.include_stop_str_in_output else start]
             before = "".join(tokens[:n])
             return [*tokens[:n], kept[len(before) :]], True
     return tokens, False
@@ -227,7 +234,7 @@ class SimulatedEngine:
             # A JSON value ends where it closes; whitespace after it keeps it valid.
             length = _answer_length(sampling, len(structured))
             answer = (structured + [" "] * length)[:length]
-        tokens, stopped = _stopped(answer, sampling.stop, sampling.min_tokens)
+        tokens, stopped = _stopped(answer, sampling)
         count = len(tokens)
         prompt_tokens = _prompt_tokens(request)
         # A continuation resumes the same answer after the tokens already written, and pays

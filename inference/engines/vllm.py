@@ -14,12 +14,15 @@ from pathlib import Path
 import psutil
 import torch
 from vllm import SamplingParams, TokensPrompt
-from vllm.config import VllmConfig
+from vllm.config import ModelConfig, VllmConfig
 from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest as VllmChatRequest
 from vllm.exceptions import VLLMClientError
 from vllm.logprobs import Logprob, SampleLogprobs
+from vllm.parser import Parser, ParserManager
 from vllm.platforms import current_platform
 from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+from vllm.tokenizers import TokenizerLike
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError as VllmEngineDeadError
 from vllm.v1.metrics.loggers import StatLoggerBase
@@ -27,8 +30,17 @@ from vllm.v1.metrics.stats import IterationStats, MultiModalCacheStats, Schedule
 
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 from inference.engines.guard import EngineGuard, orphaned_engines_end
+from scheduler.generation import (
+    CalledTool,
+    ParsedAnswer,
+    ParsedDelta,
+    StructuredOutput,
+    TokenLogprob,
+    ToolCallDelta,
+    ToolParsing,
+    TopLogprob,
+)
 from scheduler.generation import SamplingParams as GenerationSampling
-from scheduler.generation import TokenLogprob, TopLogprob
 from scheduler.prompt import ChatTemplateError, PromptEncoder
 
 # vLLM's server floors log probabilities here so that -inf stays valid JSON.
@@ -110,6 +122,72 @@ def server_flags(args: AsyncEngineArgs) -> list[str]:
     ]  # fmt: skip
 
 
+class ToolCallReader:
+    """vLLM's tool-call parser over one answer, as `vllm serve --enable-auto-tool-choice
+    --tool-call-parser <name>` runs it for tool_choice "auto": one parser follows the stream,
+    engine step by engine step (`parse_delta`), another reads the whole answer at its end
+    (`parse`), as vLLM's streamed and whole responses are made; with `parallel_tool_calls`
+    false only the first call is kept, as vLLM keeps it. The parser is given the request's tools
+    but not the conversation, which only parsers counting earlier calls' ids would read."""
+
+    def __init__(
+        self,
+        parser_cls: type[Parser],
+        parsing: ToolParsing,
+        *,
+        tokenizer: TokenizerLike | None,
+        model_config: ModelConfig | None,
+        prompt_token_ids: list[int],
+    ) -> None:
+        self._request = VllmChatRequest(
+            messages=[],
+            tools=parsing.tools,
+            tool_choice="auto",
+            parallel_tool_calls=parsing.parallel_tool_calls,
+        )
+        self._streamed, self._whole = (
+            parser_cls(tokenizer, self._request.tools, model_config=model_config) for _ in range(2)
+        )
+        self._whole.set_prompt_token_ids(prompt_token_ids)
+        self._prompt_token_ids = prompt_token_ids
+        self._single = not parsing.parallel_tool_calls
+        self._text: list[str] = []
+        self._token_ids: list[int] = []
+
+    def delta(self, text: str, token_ids: Sequence[int], *, finished: bool) -> ParsedDelta:
+        self._text.append(text)
+        self._token_ids.extend(token_ids)
+        message = self._streamed.parse_delta(
+            delta_text=text,
+            delta_token_ids=list(token_ids),
+            request=self._request,
+            prompt_token_ids=self._prompt_token_ids,
+            finished=finished,
+        )
+        if message is None:
+            return ParsedDelta()
+        return ParsedDelta(
+            content=message.content,
+            tool_calls=tuple(
+                ToolCallDelta(
+                    index=call.index,
+                    id=call.id,
+                    name=call.function.name if call.function else None,
+                    arguments=call.function.arguments if call.function else None,
+                )
+                for call in message.tool_calls
+                if not (self._single and call.index > 0)
+            ),
+        )
+
+    def answer(self) -> ParsedAnswer:
+        _, content, calls = self._whole.parse(
+            "".join(self._text), self._request, enable_auto_tools=True, model_output_token_ids=self._token_ids
+        )
+        called = [CalledTool(name=call.name, arguments=call.arguments) for call in calls or ()]
+        return ParsedAnswer(content=content, tool_calls=tuple(called[:1] if self._single else called))
+
+
 class VllmEngine:
     """One AsyncLLM per worker process; its engine core runs in child processes vLLM spawns."""
 
@@ -134,6 +212,7 @@ class VllmEngine:
         self._on_gpu = current_platform.is_cuda_alike()
         self._engine_processes: list[psutil.Process] = []
         self._guard = EngineGuard()
+        self._parsers: dict[str, type[Parser]] = {}
 
     async def start(self) -> None:
         if not self._on_gpu:
@@ -204,6 +283,16 @@ class VllmEngine:
             raise EngineRequestError(f"vLLM rejected the request: {exc}") from exc
         prompt_tokens = len(prompt_token_ids)
         output_tokens = written
+        # Tool-parsed answers are never continued (base.resumable): the parser reads from the start.
+        tools = None
+        if request.tool_parsing is not None:
+            tools = ToolCallReader(
+                self._parser(request.tool_parsing.parser),
+                request.tool_parsing,
+                tokenizer=engine.renderer.tokenizer,
+                model_config=engine.model_config,
+                prompt_token_ids=prompt_token_ids,
+            )
         # vLLM ids are unique while in flight: a continuation gets its own.
         engine_request_id = request.request_id if continuation is None else f"{request.request_id}+{written}"
         try:
@@ -213,6 +302,9 @@ class VllmEngine:
                 async for output in outputs:
                     completion = output.outputs[0]
                     output_tokens += len(completion.token_ids)
+                    parsed = None
+                    if tools is not None:
+                        parsed = tools.delta(completion.text, completion.token_ids, finished=output.finished)
                     yield Delta(
                         text=completion.text,
                         output_tokens=output_tokens,
@@ -221,6 +313,8 @@ class VllmEngine:
                         logprobs=None
                         if request.sampling.logprobs is None
                         else self._token_logprobs(completion.token_ids, completion.logprobs),
+                        parsed=parsed,
+                        parsed_answer=tools.answer() if tools is not None and output.finished else None,
                     )
         except VllmEngineDeadError as exc:
             raise EngineDeadError(str(exc)) from exc
@@ -282,6 +376,21 @@ class VllmEngine:
             )
         return tuple(entries)
 
+    def _parser(self, name: str) -> type[Parser]:
+        """vLLM's parser class for tool-call parser `name`, as `vllm serve` composes it."""
+        if name not in self._parsers:
+            try:
+                parser_cls = ParserManager.get_parser(
+                    tool_parser_name=name,
+                    enable_auto_tools=True,
+                    tokenizer=self._require_engine().renderer.tokenizer,
+                )
+            except KeyError as exc:
+                raise EngineRequestError(f"vLLM has no tool-call parser {name!r}") from exc
+            assert parser_cls is not None  # a tool parser was named
+            self._parsers[name] = parser_cls
+        return self._parsers[name]
+
     def _decoded(self, token_id: int, logprob: Logprob | None) -> str:
         if logprob is not None and logprob.decoded_token is not None:
             return logprob.decoded_token
@@ -331,13 +440,6 @@ def vllm_sampling_params(
     """Our typed parameters onto vLLM's, one for one (the meanings are vLLM's to begin with);
     the token limits count `written` tokens of a continued answer as spent, and the penalties
     the tokens it wrote (`written_ids`)."""
-    structured = None
-    if sampling.structured is not None:
-        structured = (
-            StructuredOutputsParams(json=sampling.structured.json_schema)
-            if sampling.structured.json_schema is not None
-            else StructuredOutputsParams(json_object=True)
-        )
     return SamplingParams(
         max_tokens=max(1, sampling.max_tokens - written),
         temperature=sampling.temperature,
@@ -354,9 +456,29 @@ def vllm_sampling_params(
         stop_token_ids=list(sampling.stop_token_ids) or None,
         logprobs=sampling.logprobs,
         logit_bias=_penalties_of_written(sampling, written_ids),
-        structured_outputs=structured,
+        structured_outputs=_structured_outputs(sampling.structured),
+        include_stop_str_in_output=sampling.include_stop_str_in_output,
+        skip_special_tokens=sampling.skip_special_tokens,
+        spaces_between_special_tokens=sampling.spaces_between_special_tokens,
+        bad_words=list(sampling.bad_words) or None,
+        allowed_token_ids=None if sampling.allowed_token_ids is None else list(sampling.allowed_token_ids),
         output_kind=RequestOutputKind.DELTA,
     )
+
+
+def _structured_outputs(structured: StructuredOutput | None) -> StructuredOutputsParams | None:
+    """Our one constraint as vLLM's (it takes exactly one)."""
+    if structured is None:
+        return None
+    if structured.json_schema is not None:
+        return StructuredOutputsParams(json=structured.json_schema)
+    if structured.regex is not None:
+        return StructuredOutputsParams(regex=structured.regex)
+    if structured.choice is not None:
+        return StructuredOutputsParams(choice=list(structured.choice))
+    if structured.grammar is not None:
+        return StructuredOutputsParams(grammar=structured.grammar)
+    return StructuredOutputsParams(json_object=True)
 
 
 def _finish_reason(vllm_reason: str | None) -> str:

@@ -201,6 +201,20 @@ def test_staff_edit_and_add_variants_and_each_change_is_audited(client_staff):
     assert b"already exists" in taken.content
 
 
+def test_staff_name_a_variant_s_tool_call_parser_for_auto_tool_choice(client_staff):
+    assert b"Tool-call parser" in client_staff.get("/console/variants").content
+    values = {
+        f"stable-{name}": value
+        for name, value in Variant.objects.filter(name="stable").values().get().items()
+        if name not in {"id", "name", "updated_at", "knowledge"}
+    }
+    saved = client_staff.post("/console/variants/stable", {**values, "stable-tool_call_parser": "pythonic"})
+    assert saved.status_code == 302
+    assert Variant.objects.get(name="stable").tool_call_parser == "pythonic"
+    entry = AuditLog.objects.get(action="variant.update", target="stable")
+    assert (entry.before["tool_call_parser"], entry.after["tool_call_parser"]) == ("", "pythonic")
+
+
 def test_each_variant_shows_its_latest_quality_score_and_whether_it_predates_an_edit(client_staff):
     quality_scored("stable", 0.512)
     quality_scored("candidate", 0.4)

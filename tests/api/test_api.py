@@ -16,8 +16,8 @@ from api import keys as api_keys
 from api.models import ApiKey
 from knowledge import cache as answer_cache
 from knowledge import services as knowledge_services
-from scheduler import keys, workers
-from scheduler.generation import Tier
+from scheduler import keys, routing, workers
+from scheduler.generation import GenerationJob, StructuredOutput, Tier, ToolParsing
 from scheduler.models import CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.policy import policies_mirror
 from scheduler.redis import new_async_redis, sync_redis
@@ -247,7 +247,8 @@ def test_vllm_s_sampling_parameters_reach_the_queued_job(key):
         2,
         True,
     )
-    assert (job["logprobs"], job["structured"]) == (2, {"json_object": True, "json_schema": None})
+    assert job["logprobs"] == 2
+    assert StructuredOutput.from_dict(job["structured"]) == StructuredOutput(json_object=True)
 
 
 def test_n_choices_queue_one_generation_each(key):
@@ -631,6 +632,103 @@ def test_a_streamed_named_tool_call_sends_its_arguments_as_tool_call_deltas(key)
     # However the tokens were batched, only the first delta names the call.
     assert all("id" not in call and call["index"] == 0 for call in calls[1:])
     assert "".join(call["function"]["arguments"] for call in calls) == '{"order_id": 1}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
+
+
+ORDER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "order_status",
+        "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
+    },
+}
+
+
+@pytest.fixture
+def pythonic_stable():
+    """The stable variant's model writes tool calls that vLLM's `pythonic` parser reads."""
+    Variant.objects.filter(name="stable").update(tool_call_parser="pythonic")
+    routing.variants_forget()
+
+
+def test_tools_without_a_tool_call_parser_are_vllm_s_400_and_queue_nothing(key):
+    response = _post(Client(), key, HELLO | {"tools": [ORDER_TOOL]})  # no tool_choice: "auto"
+    assert response.status_code == 400
+    assert response.json()["error"]["param"] == "tool_choice"
+    assert "--tool-call-parser" in response.json()["error"]["message"]
+    assert _queued_anywhere() == 0
+
+
+def test_auto_tool_choice_asks_the_worker_to_read_calls_with_the_variant_s_parser(key, pythonic_stable):
+    assert _post(Client(), key, HELLO | {"stream": True, "tools": [ORDER_TOOL]}).status_code == 200
+    [job] = [
+        GenerationJob.decode(fields["job"]) for _, fields in sync_redis().xrange(keys.queue(MODEL, "normal"))
+    ]
+    assert job.tool_parsing == ToolParsing(parser="pythonic", tools=[ORDER_TOOL], parallel_tool_calls=True)
+
+
+def _parsed_call_answer() -> list[tuple[str, dict]]:
+    """An answer the worker's parser read as one call (in two pieces), as the worker writes it."""
+    first = {"index": 0, "id": "chatcmpl-tool-1", "name": "order_status", "arguments": '{"id": '}
+    rest = {"index": 0, "id": None, "name": None, "arguments": '"12345"}'}
+    whole = {"content": None, "tool_calls": [{"name": "order_status", "arguments": '{"id": "12345"}'}]}
+    return [
+        ("token", {"seq": 0, "text": "[order_status(", "parsed": {"content": None, "tool_calls": []}}),
+        ("token", {"seq": 1, "text": 'id="12345"', "parsed": {"content": None, "tool_calls": [first]}}),
+        ("token", {"seq": 2, "text": ")]", "parsed": {"content": None, "tool_calls": [rest]}}),
+        (
+            "done",
+            {"finish_reason": "stop", "usage": {"prompt_tokens": 9, "completion_tokens": 3}, "parsed": whole},
+        ),
+    ]
+
+
+def test_an_auto_answer_that_calls_a_tool_comes_back_as_tool_calls(key, pythonic_stable):
+    response, _ = _with_answers(key, HELLO | {"tools": [ORDER_TOOL]}, _parsed_call_answer())
+    [choice] = response.json()["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    assert choice["message"]["content"] is None
+    [call] = choice["message"]["tool_calls"]
+    assert (call["function"]["name"], call["function"]["arguments"]) == ("order_status", '{"id": "12345"}')
+
+
+def test_a_streamed_auto_answer_sends_the_parser_s_pieces_and_finishes_with_tool_calls(key, pythonic_stable):
+    _, streamed = _with_answers(key, HELLO | {"stream": True, "tools": [ORDER_TOOL]}, _parsed_call_answer())
+    chunks = _sse_data(streamed)[:-1]
+    deltas = [c["choices"][0]["delta"] for c in chunks]
+    assert "".join(delta.get("content") or "" for delta in deltas) == ""  # the call's text is not content
+    pieces = [piece for delta in deltas for piece in delta.get("tool_calls") or ()]
+    assert pieces[0] == {
+        "index": 0,
+        "id": "chatcmpl-tool-1",
+        "type": "function",
+        "function": {"name": "order_status", "arguments": '{"id": '},
+    }
+    assert pieces[1] == {"index": 0, "function": {"arguments": '"12345"}'}}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def _parsed_text_answer() -> list[tuple[str, dict]]:
+    words = [
+        ("token", {"seq": n, "text": t, "parsed": {"content": t, "tool_calls": []}})
+        for n, t in enumerate(["It ", "shipped."])
+    ]
+    whole = {"content": "It shipped.", "tool_calls": []}
+    usage = {"prompt_tokens": 9, "completion_tokens": 2}
+    return [*words, ("done", {"finish_reason": "stop", "usage": usage, "parsed": whole})]
+
+
+def test_an_auto_answer_in_plain_text_is_content(key, pythonic_stable):
+    response, _ = _with_answers(key, HELLO | {"tools": [ORDER_TOOL]}, _parsed_text_answer())
+    [choice] = response.json()["choices"]
+    assert (choice["message"]["content"], choice["finish_reason"]) == ("It shipped.", "stop")
+    assert "tool_calls" not in choice["message"]
+
+
+def test_a_streamed_auto_answer_in_plain_text_is_content(key, pythonic_stable):
+    _, streamed = _with_answers(key, HELLO | {"stream": True, "tools": [ORDER_TOOL]}, _parsed_text_answer())
+    chunks = _sse_data(streamed)[:-1]
+    assert "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks) == "It shipped."
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
 
 

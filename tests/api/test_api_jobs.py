@@ -344,6 +344,37 @@ def test_all_of_an_owner_s_jobs_share_one_rate_limit_client(api_key, settings):
     assert {i.status for i in _items(third)} == {"submitted"}
 
 
+def test_a_job_s_requests_count_against_its_key_s_own_limits_with_its_other_requests(issued, api_key):
+    """A key's requests per minute bound its batch items as its API calls: the job waits for
+    the key's room (it does not fail), and an API call finds the room the job took."""
+    ApiKey.objects.filter(pk=api_key.pk).update(requests_per_minute=2, tokens_per_minute=100)
+    api_key.refresh_from_db()
+    job = _job(api_key, 3)
+    assert jobs.job_feed(job_id=job.pk, budget_s=0.1) is True
+    assert [i.status for i in _items(job)] == ["submitted", "submitted", "pending"]
+    call = Client().post(
+        "/v1/chat/completions",
+        json.dumps(_request(9)),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {issued.plaintext}"},
+    )
+    assert call.status_code == 429 and call.json()["error"]["type"] == "requests"
+    # Each submitted item reserved its worst case from the key's tokens, as a call does.
+    reserved = 100 - int(call["x-ratelimit-remaining-tokens"])
+    assert reserved == pytest.approx(2 * jobs._tokens_at_most(_items(job)[0].request), abs=3)
+
+
+def test_a_job_request_larger_than_its_key_s_tokens_per_minute_is_refused_for_good(issued, api_key):
+    fits = _request(1) | {"max_tokens": 4}
+    tokens = jobs._tokens_at_most({"messages": fits["messages"], "max_tokens": 4})
+    ApiKey.objects.filter(pk=api_key.pk).update(tokens_per_minute=tokens)
+    response = _post_job(issued.plaintext, {"requests": [fits, _request(2)]})  # 8 tokens: over by 4
+    assert response.status_code == 429
+    assert response.json()["error"]["param"] == "requests[1]"
+    assert response["x-should-retry"] == "false"
+    assert not BatchJob.objects.exists()
+
+
 def test_an_owner_over_the_active_job_cap_gets_429_and_nothing_is_stored(issued, api_key, settings):
     settings.BATCH_JOB_MAX_ACTIVE_PER_OWNER = 2
     done = _job(api_key, 1)

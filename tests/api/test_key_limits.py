@@ -15,10 +15,11 @@ from accounts.models import User
 from api import keys as api_keys
 from api.models import ApiKey
 from api.openai_shapes import ratelimit_duration
+from scheduler import keys
 from scheduler.admission import request_finished
-from scheduler.models import TierPolicy
+from scheduler.models import Generation, TierPolicy
 from scheduler.policy import policies_mirror
-from scheduler.redis import new_async_redis
+from scheduler.redis import new_async_redis, sync_redis
 from tests import worker_double
 
 pytestmark = pytest.mark.django_db
@@ -160,3 +161,20 @@ def test_every_answer_to_a_limited_key_carries_the_headers_and_an_unlimited_key_
 )
 def test_waits_are_written_as_openai_writes_them(seconds, written):
     assert ratelimit_duration(seconds) == written
+
+
+def test_n_choices_refused_part_way_charge_the_key_nothing():
+    """The third of three choices does not fit the key's requests per minute: the call is
+    refused, the two admitted choices are withdrawn and the key has its two requests back."""
+    _, plaintext = _key(requests_per_minute=2, tokens_per_minute=1000)
+    refused = _complete(plaintext, n=3, temperature=1)
+    assert refused.status_code == 429
+    assert refused.json()["error"]["type"] == "requests"
+    queued = worker_double.queued("normal")
+    assert len(queued) == 2 and all(sync_redis().exists(keys.cancel(job["request_id"])) for job in queued)
+    assert not Generation.objects.exists()  # a refused call leaves no record to count
+
+    response = Client().get("/v1/models", headers={"Authorization": f"Bearer {plaintext}"})
+    assert response["x-ratelimit-remaining-requests"] == "2"
+    assert int(response["x-ratelimit-remaining-tokens"]) == pytest.approx(1000, abs=2)
+    assert _complete(plaintext, n=2, temperature=1).status_code == 200

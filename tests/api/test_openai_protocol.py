@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 from django.test import override_settings
+from jsonschema.validators import validator_for
 
 from api.openai_protocol import NO_EFFECT, ChatCompletionRequest, CompletionRequest
 from api.openai_shapes import (
@@ -13,6 +14,7 @@ from api.openai_shapes import (
     chat_request_parse,
     completion_object,
     required_tool_calls,
+    text_completion_request_parse,
 )
 from scheduler.generation import SamplingParams, StructuredOutput, TokenLogprob, TopLogprob, Usage
 
@@ -60,6 +62,11 @@ def test_every_engine_parameter_reaches_the_sampling_params():
             "top_logprobs": 3,
             "logit_bias": {"17": -100},
             "response_format": {"type": "json_object"},
+            "include_stop_str_in_output": True,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "bad_words": ["refund"],
+            "allowed_token_ids": [5, 6, 7],
         }
     )
     assert request.sampling_params() == SamplingParams(
@@ -79,6 +86,11 @@ def test_every_engine_parameter_reaches_the_sampling_params():
         logprobs=3,
         logit_bias={17: -100.0},
         structured=StructuredOutput(json_object=True),
+        include_stop_str_in_output=True,
+        skip_special_tokens=False,
+        spaces_between_special_tokens=False,
+        bad_words=("refund",),
+        allowed_token_ids=(5, 6, 7),
     )
     # The queue carries them as they were sent.
     assert SamplingParams.from_dict(request.sampling_params().to_dict()) == request.sampling_params()
@@ -142,6 +154,74 @@ def test_a_required_tool_choice_constrains_the_output_to_a_list_of_calls():
     assert schema["items"]["anyOf"][1]["properties"]["parameters"] == {"type": "object", "properties": {}}
 
 
+# What pydantic (and LangChain, through it) writes for a function taking a nested model.
+ADDRESS = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+SHIP = {
+    "type": "function",
+    "function": {
+        "name": "ship",
+        "parameters": {
+            "$defs": {"Address": ADDRESS},
+            "type": "object",
+            "properties": {"to": {"$ref": "#/$defs/Address"}},
+            "required": ["to"],
+        },
+    },
+}
+
+
+def test_a_required_tool_choice_lifts_the_tools_defs_to_the_top_where_their_refs_point():
+    request = chat_request_parse(HELLO | {"tools": [LOOKUP, SHIP], "tool_choice": "required"})
+    schema = request.sampling_params().structured.json_schema
+    assert schema["$defs"] == {"Address": ADDRESS}
+    ship = schema["items"]["anyOf"][1]["properties"]["parameters"]
+    assert "$defs" not in ship and ship["properties"]["to"] == {"$ref": "#/$defs/Address"}
+    # The schema the engine gets accepts a call with an address and refuses one without.
+    validator = validator_for(schema)(schema)
+    assert validator.is_valid([{"name": "ship", "parameters": {"to": {"city": "Lyon"}}}])
+    assert not validator.is_valid([{"name": "ship", "parameters": {"to": {"street": "x"}}}])
+
+
+def test_two_tools_defining_one_name_differently_are_refused_as_vllm_refuses_them():
+    other = {
+        "type": "function",
+        "function": {"name": "bill", "parameters": {**SHIP["function"]["parameters"]}},
+    }
+    other["function"]["parameters"]["$defs"] = {"Address": {"type": "string"}}
+    refusal = _refusal(HELLO | {"tools": [SHIP, other], "tool_choice": "required"})
+    assert refusal.param == "tools"
+    assert refusal.message == "Tool definition 'Address' has multiple schemas, which is not supported."
+
+
+@pytest.mark.parametrize(
+    ("structured_outputs", "expected"),
+    [
+        ({"regex": "[0-9]{5}"}, StructuredOutput(regex="[0-9]{5}")),
+        ({"choice": ["yes", "no"]}, StructuredOutput(choice=("yes", "no"))),
+        ({"grammar": 'root ::= "yes"'}, StructuredOutput(grammar='root ::= "yes"')),
+        ({"json": {"type": "integer"}}, StructuredOutput(json_schema={"type": "integer"})),
+        ({"json": '{"type": "integer"}'}, StructuredOutput(json_schema={"type": "integer"})),
+        ({"json_object": True}, StructuredOutput(json_object=True)),
+        # An option left as it is changes nothing.
+        ({"choice": ["a"], "disable_any_whitespace": False}, StructuredOutput(choice=("a",))),
+    ],
+)
+def test_vllm_s_structured_outputs_constrain_the_answer(structured_outputs, expected):
+    for parse, body in (
+        (chat_request_parse, HELLO),
+        (text_completion_request_parse, {"model": "stable", "prompt": "Hi"}),
+    ):
+        request = parse(body | {"structured_outputs": structured_outputs})
+        assert request.sampling_params().structured == expected
+
+
+def test_a_required_tool_choice_overrides_structured_outputs_as_in_vllm():
+    request = chat_request_parse(
+        HELLO | {"tools": [LOOKUP], "tool_choice": "required", "structured_outputs": {"regex": "x"}}
+    )
+    assert request.sampling_params().structured.json_schema["type"] == "array"
+
+
 def test_tools_with_tool_choice_none_answer_in_text():
     request = chat_request_parse(HELLO | {"tools": [LOOKUP], "tool_choice": "none"})
     assert request.sampling_params().structured is None
@@ -200,7 +280,6 @@ def test_parameters_without_effect_are_accepted_and_change_nothing():
         ({"response_format": {"type": "xml"}}, "response_format.type", ""),
         ({"tools": []}, "tools", "`tools` must not be an empty array."),
         ({"tool_choice": "required"}, "tool_choice", "When using `tool_choice`, `tools` must be set."),
-        ({"tools": [LOOKUP]}, "tool_choice", '"auto" tool choice requires a tool call parser'),
         (
             {"tools": [LOOKUP], "tool_choice": {"type": "function", "function": {"name": "refund"}}},
             "tool_choice",
@@ -210,11 +289,40 @@ def test_parameters_without_effect_are_accepted_and_change_nothing():
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", ""),
         ({"messages": [{"role": "user"}]}, "messages[0]", "needs a `content`"),
         ({"max_tokens": 0}, "max_tokens", ""),
-        ({"temperature": 3}, "temperature", ""),
+        # vLLM 0.32's SamplingParams refuses a temperature over 2 (OpenAI's range).
+        ({"temperature": 3}, "temperature", "temperature must be in [0, 2], got 3.0."),
+        ({"temperature": -0.5}, "temperature", "temperature must be non-negative, got -0.5."),
+        ({"top_p": 0}, "top_p", "top_p must be in (0, 1], got 0.0."),
         ({"stream": "maybe"}, "stream", ""),
         # vLLM extensions that would change the answer and are not applied here.
         ({"use_beam_search": True}, "use_beam_search", "not supported by this service"),
-        ({"include_stop_str_in_output": True}, "include_stop_str_in_output", "not supported"),
+        ({"bad_words": ["ok", ""]}, "bad_words", "bad_words cannot contain an empty string."),
+        ({"allowed_token_ids": []}, "allowed_token_ids", "allowed_token_ids is not None and empty!"),
+        ({"structured_outputs": {}}, "structured_outputs", "You must use one kind of structured outputs"),
+        ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "structured_outputs", "only use one kind"),
+        (
+            {"structured_outputs": {"regex": "a"}, "response_format": {"type": "json_object"}},
+            "structured_outputs",
+            "only use one kind",
+        ),
+        ({"structured_outputs": {"choice": []}}, "structured_outputs", "cannot be an empty list"),
+        ({"structured_outputs": {"grammar": " "}}, "structured_outputs", "grammar cannot be an empty string"),
+        ({"structured_outputs": {"json": {"type": 5}}}, "structured_outputs.json", "Invalid JSON schema"),
+        ({"structured_outputs": {"json": "{"}}, "structured_outputs.json", "Invalid JSON schema"),
+        (
+            {
+                "structured_outputs": {"choice": ["a"]},
+                "tools": [LOOKUP],
+                "tool_choice": {"type": "function", "function": {"name": "order_status"}},
+            },
+            "structured_outputs",
+            "either use constraints for structured outputs or tools, not both.",
+        ),
+        (
+            {"structured_outputs": {"json_object": True, "structural_tag": "{}"}},
+            "structured_outputs.structural_tag",
+            "not supported",
+        ),
         ({"chat_template_kwargs": {"enable_thinking": True}}, "chat_template_kwargs", "not supported"),
         ({"return_token_ids": True}, "return_token_ids", "not supported"),
         ({"priority": 5}, "priority", "not supported"),
@@ -230,6 +338,12 @@ def test_what_vllm_refuses_is_a_400_naming_the_parameter(extra, param, message):
     refusal = _refusal(HELLO | extra)
     assert refusal.param == param
     assert message in refusal.message
+
+
+def test_a_job_refuses_tools_whose_calls_a_stored_answer_cannot_give():
+    with pytest.raises(ApiError) as caught:
+        chat_request_parse(HELLO | {"tools": [LOOKUP]}, param_prefix="requests[0].", in_job=True)
+    assert caught.value.param == "requests[0].tool_choice"
 
 
 def test_a_job_s_request_param_is_prefixed_with_its_place():

@@ -14,6 +14,7 @@ from django.test import AsyncClient, Client
 from accounts.models import User
 from api import keys as api_keys
 from scheduler import keys
+from scheduler.generation import StructuredOutput
 from scheduler.redis import sync_redis
 from tests import worker_double
 from tests.generation_jobs import MODEL
@@ -176,7 +177,7 @@ def test_vllm_s_sampling_parameters_reach_the_queued_job_as_for_chat(key):
     expected = {name: body[name] for name in body if name not in ("model", "prompt", "response_format")}
     expected["logit_bias"] = {"50": -100.0}  # clamped, as vLLM does
     assert {name: job[name] for name in expected} == expected
-    assert job["structured"] == {"json_object": True, "json_schema": None}
+    assert StructuredOutput.from_dict(job["structured"]) == StructuredOutput(json_object=True)
 
 
 def test_n_choices_are_n_seeded_generations_answered_together(key):

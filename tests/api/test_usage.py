@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from accounts.models import User
 from admin_console.metrics_view import metrics
 from api import keys as api_keys
+from api.models import BatchJob, BatchJobItem
 from api.usage import KeyUsage, key_usage_by_day
 from scheduler.generation import Origin, Tier
 from scheduler.models import Generation
@@ -22,7 +23,13 @@ pytestmark = pytest.mark.django_db
 
 
 def _answer(
-    client_id: str, *, status: str = "done", prompt: int = 10, completion: int = 5, days_ago: int = 0
+    client_id: str,
+    *,
+    status: str = "done",
+    prompt: int = 10,
+    completion: int = 5,
+    days_ago: int = 0,
+    choice: int = 0,
 ):
     generation = Generation.objects.create(
         request_id=uuid.uuid4(),
@@ -30,6 +37,7 @@ def _answer(
         variant="stable",
         tier=Tier.NORMAL,
         client_id=client_id,
+        choice=choice,
         status=status,
         prompt_tokens=prompt,
         completion_tokens=completion,
@@ -57,6 +65,38 @@ def test_usage_counts_requests_errors_and_tokens_per_key_and_day(issued):
     assert usage[key.pk][today - timedelta(days=1)] == KeyUsage(1, 0, 100, 50)
     assert list(usage) == [key.pk]
     assert key_usage_by_day(days=1)[key.pk] == {today: usage[key.pk][today]}
+
+
+def test_a_call_of_n_choices_counts_one_request_and_its_prompt_once_as_its_response_does(issued):
+    key = issued.api_key
+    for choice in range(3):
+        _answer(key.client_id, prompt=10, completion=5, choice=choice)
+    today = timezone.now().date()
+    assert key_usage_by_day(days=1)[key.pk][today] == KeyUsage(
+        requests=1, prompt_tokens=10, completion_tokens=15
+    )
+
+
+def test_a_key_s_batch_jobs_count_in_its_usage(issued):
+    key = issued.api_key
+    _answer(key.client_id, prompt=10, completion=5)
+    job = BatchJob.objects.create(owner=key.owner, api_key=key)
+    for index, status in enumerate(("done", "error")):
+        generation = Generation.objects.create(
+            request_id=uuid.uuid4(),
+            origin=Origin.BATCH,
+            variant="stable",
+            tier=Tier.BATCH,
+            client_id=job.client_id,  # the owner's batch client, not the key
+            status=status,
+            prompt_tokens=20,
+            completion_tokens=7 if status == "done" else 0,
+        )
+        BatchJobItem.objects.create(job=job, index=index, request={}, generation=generation)
+    today = timezone.now().date()
+    assert key_usage_by_day(days=1)[key.pk][today] == KeyUsage(
+        requests=3, errors=1, prompt_tokens=50, completion_tokens=12
+    )
 
 
 def test_metrics_export_today_s_usage_by_key_prefix_never_the_secret(issued):

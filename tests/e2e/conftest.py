@@ -1,3 +1,4 @@
+import contextlib
 import tempfile
 from pathlib import Path
 
@@ -55,9 +56,23 @@ VLLM_STACK_SETTINGS = {
 }
 
 
+# The tool-call parser `vllm serve` runs for this model; the stack's stable variant names it too.
+VLLM_TOOL_CALL_PARSER = "pythonic"
+
+
 @pytest.fixture(scope="session")
 def vllm_stack():
-    yield from running_stack(**VLLM_STACK_SETTINGS)
+    with contextlib.closing(running_stack(**VLLM_STACK_SETTINGS)) as stacks:  # closing stops it
+        stack = next(stacks)
+        named = stack.manage(
+            "shell",
+            "-c",
+            "from scheduler.models import Variant; "
+            f"Variant.objects.filter(name={STABLE_VARIANT!r}).update(tool_call_parser={VLLM_TOOL_CALL_PARSER!r})",
+        )
+        if named.returncode != 0:
+            raise RuntimeError(f"naming the stable variant's tool-call parser failed: {named.stderr}")
+        yield stack
 
 
 @pytest.fixture(scope="session")
@@ -79,11 +94,11 @@ def vllm_serve():
         engine_flags=server_flags(args),
         served_model_name=STABLE_VARIANT,
         kv_cache_gib=settings.INFERENCE_KV_CACHE_GIB,
-        # vLLM answers a named or "required" tool choice with `tool_calls` only when a tool-call
-        # parser is enabled. `pythonic` forces those choices as the product does (the JSON schema
-        # of vLLM's tool-call structured output, no structural tag) and needs no special tokens;
-        # the "auto" it also enables is a 400 on the product (a documented deviation).
-        server_flags=("--enable-auto-tool-choice", "--tool-call-parser", "pythonic"),
+        # The stable variant's tool-call parser: `pythonic` reads calls the model writes as a
+        # Python list ("auto"), forces named and "required" choices as the product does (the
+        # JSON schema of vLLM's tool-call structured output, no structural tag) and needs no
+        # special tokens.
+        server_flags=("--enable-auto-tool-choice", "--tool-call-parser", VLLM_TOOL_CALL_PARSER),
     )
     server.start()
     try:

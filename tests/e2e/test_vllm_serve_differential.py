@@ -14,11 +14,10 @@ Deliberate deviations, outside the compared fields:
   without `top_p` the product samples at GENERATION_TOP_P, where vLLM fills the context at
   top_p 1 (a text completion's `max_tokens` defaults to 16 on both; a left-out temperature is
   1 on both, not the chat's GENERATION_TEMPERATURE);
-- `tool_choice: "auto"` (and tools without a tool_choice) is a 400: the served model has no
-  tool-call format, so there is no parser to find calls in free text. The peer runs with a tool
-  parser only because vLLM needs one to answer a named or "required" choice with `tool_calls`:
-  `pythonic`, one that forces those choices with the JSON schema of vLLM's own tool-call
-  structured output (as the product does) and needs no special tokens in the tokenizer;
+- both run the tool-call parser `pythonic` (the peer's `--tool-call-parser`, the stack's stable
+  variant's `tool_call_parser`): it reads the Python list of calls the served model writes for
+  `tool_choice: "auto"`, forces named and "required" choices with the JSON schema of vLLM's own
+  tool-call structured output (as the product does) and needs no special tokens;
 - in a stream the finish reason comes in a chunk of its own after the last text (vLLM puts it
   on the chunk with the last text), and a "required" choice's calls come whole once complete;
 - `system_fingerprint` is null, and vLLM's extensions (`stop_reason`, `token_ids`...) are absent.
@@ -44,6 +43,12 @@ CONVERSATION = [
     {"role": "user", "content": "Yes, it is 12345. Where is it?"},
 ]
 SHORT_ANSWER = [{"role": "user", "content": "Reply with the single word: yes."}]
+# An earlier turn shows the format `pythonic` reads; the model then writes a call in it.
+PYTHONIC_EXAMPLE = [
+    {"role": "user", "content": "Where is my order 111?"},
+    {"role": "assistant", "content": '[order_status(order_id="111")]'},
+    {"role": "user", "content": "Where is my order 12345?"},
+]
 PROMPT = "Dear customer, thank you for your order. Your parcel"
 ORDER_TOOL = {
     "type": "function",
@@ -54,6 +59,26 @@ ORDER_TOOL = {
             "type": "object",
             "properties": {"order_id": {"type": "string"}},
             "required": ["order_id"],
+        },
+    },
+}
+# A function taking a nested model, as pydantic and LangChain write it: `$ref` into `$defs`.
+SHIP_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "ship_order",
+        "description": "Send an order to an address.",
+        "parameters": {
+            "$defs": {
+                "Address": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string"}},
+                    "required": ["city"],
+                }
+            },
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}, "to": {"$ref": "#/$defs/Address"}},
+            "required": ["order_id", "to"],
         },
     },
 }
@@ -134,6 +159,23 @@ CASES = [
         {"temperature": 0, "tools": [ORDER_TOOL], "tool_choice": "required", "max_tokens": 48},
         messages=[{"role": "user", "content": "Where is my order 12345?"}],
     ),
+    Case(
+        "required_tool_call_with_defs",
+        {"temperature": 0, "tools": [ORDER_TOOL, SHIP_TOOL], "tool_choice": "required", "max_tokens": 160},
+        messages=[{"role": "user", "content": "Send order 12345 to Lyon."}],
+    ),
+    # "auto": the model chooses; vLLM's `pythonic` parser reads its calls (the served model
+    # writes one after an example of the format), in the worker as in vllm serve.
+    Case(
+        "auto_tool_call",
+        {"temperature": 0, "tools": [ORDER_TOOL], "tool_choice": "auto", "max_tokens": 32},
+        messages=PYTHONIC_EXAMPLE,
+        modes=("whole", "stream", "stream_with_usage"),
+    ),
+    Case(
+        "auto_tool_choice_answered_in_text",
+        {"temperature": 0, "tools": [ORDER_TOOL], "max_tokens": 24},  # tools without a choice: "auto"
+    ),
     # /v1/completions: a raw prompt, no chat template.
     Case("text_greedy", {"temperature": 0, "max_tokens": 24}, prompt=PROMPT),
     Case("text_default_max_tokens", {"temperature": 0}, prompt=PROMPT),
@@ -174,6 +216,76 @@ CASES = [
             },
         },
         messages=[{"role": "user", "content": "Order 12345 has shipped. Describe it as JSON."}],
+    ),
+    # vLLM's output options: the stop string kept, special tokens written out (past the EOS).
+    Case(
+        "include_stop_str_in_output",
+        {"temperature": 0, "max_tokens": 48, "stop": " password", "include_stop_str_in_output": True},
+    ),
+    Case(
+        "special_tokens_kept",
+        {
+            "temperature": 0,
+            "ignore_eos": True,
+            "max_tokens": 24,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+        },
+        messages=SHORT_ANSWER,
+    ),
+    Case("bad_words", {"temperature": 0, "max_tokens": 24, "bad_words": [" password", " reset"]}),
+    Case(
+        "allowed_token_ids",
+        {
+            "temperature": 0,
+            "max_tokens": 6,
+            "allowed_token_ids": [Tok("Yes"), Tok(" yes"), Tok("."), Tok(" no")],
+        },
+        messages=SHORT_ANSWER,
+    ),
+    # vLLM's structured outputs, beside the response format.
+    Case(
+        "structured_regex",
+        {"temperature": 0, "max_tokens": 16, "structured_outputs": {"regex": "[0-9]{5}"}},
+        messages=[{"role": "user", "content": "What is the order number in: order 12345 shipped."}],
+    ),
+    Case(
+        "structured_choice",
+        {
+            "temperature": 0,
+            "max_tokens": 8,
+            "structured_outputs": {"choice": ["shipped", "lost", "delivered"]},
+        },
+        messages=[{"role": "user", "content": "My parcel arrived today. Is it shipped, lost or delivered?"}],
+    ),
+    Case(
+        "structured_grammar",
+        {
+            "temperature": 0,
+            "max_tokens": 16,
+            "structured_outputs": {"grammar": 'root ::= ("yes" | "no") "."'},
+        },
+        messages=SHORT_ANSWER,
+    ),
+    Case(
+        "structured_json",
+        {
+            "temperature": 0,
+            "max_tokens": 32,
+            "structured_outputs": {
+                "json": {
+                    "type": "object",
+                    "properties": {"order_id": {"type": "integer"}},
+                    "required": ["order_id"],
+                }
+            },
+        },
+        messages=[{"role": "user", "content": "Give the order id 12345 as JSON."}],
+    ),
+    Case(
+        "text_structured_choice",
+        {"temperature": 0, "max_tokens": 8, "structured_outputs": {"choice": [" shipped", " lost"]}},
+        prompt=PROMPT,
     ),
     # Parameters vLLM does not know are ignored by both.
     Case(

@@ -106,6 +106,15 @@ def test_a_stop_string_ends_the_answer_before_it():
     assert (_text(deltas), deltas[-1].finish_reason) == ("[simulated] You asked: Where is my ", "stop")
 
 
+def test_include_stop_str_in_output_keeps_the_stop_string_in_the_answer():
+    deltas = _answer(stop=("parcel",), include_stop_str_in_output=True)
+    assert (_text(deltas), deltas[-1].finish_reason) == ("[simulated] You asked: Where is my parcel", "stop")
+
+
+def test_a_choice_constraint_answers_the_first_choice():
+    assert _text(_answer(structured=StructuredOutput(choice=("yes", "no")))) == "yes"
+
+
 def test_structured_output_is_json_valid_against_the_schema():
     schema = {
         "type": "object",

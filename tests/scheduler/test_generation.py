@@ -11,10 +11,13 @@ from scheduler import keys
 from scheduler.admission import CACHE, AdmissionRefused, KnownAnswer, request_answer_known, request_submit
 from scheduler.generation import (
     AnswerFold,
+    CalledTool,
     Done,
     Error,
     GenerationJob,
     Origin,
+    ParsedAnswer,
+    ParsedDelta,
     Queued,
     Reset,
     SamplingParams,
@@ -24,6 +27,8 @@ from scheduler.generation import (
     Timings,
     Token,
     TokenLogprob,
+    ToolCallDelta,
+    ToolParsing,
     TopLogprob,
     Usage,
     event_decode,
@@ -47,6 +52,13 @@ def test_a_job_decodes_to_what_was_encoded():
         variant="candidate",
         model="smollm2",
         disconnect_grace_s=None,
+        choice=2,
+        key_client_id="key:7",
+        tool_parsing=ToolParsing(
+            parser="pythonic",
+            tools=[{"type": "function", "function": {"name": "f"}}],
+            parallel_tool_calls=False,
+        ),
     )
     assert GenerationJob.decode(job.encode()) == job
 
@@ -104,8 +116,19 @@ def test_a_text_completion_job_keeps_its_raw_prompt():
                 ),
             ),
         ),
+        Token(seq=2, text="[f(", parsed=ParsedDelta()),
+        Token(
+            seq=3,
+            text="a=1)]",
+            parsed=ParsedDelta(
+                tool_calls=(ToolCallDelta(index=0, id="chatcmpl-tool-1", name="f", arguments="{"),)
+            ),
+        ),
         Reset(reason="worker_restarted", attempt=2),
         Done(finish_reason="length", usage=Usage(5, 7), timings=Timings(1.0, 2.0, 30.0, "simulated")),
+        Done(
+            finish_reason="stop", parsed=ParsedAnswer(content=None, tool_calls=(CalledTool("f", '{"a": 1}'),))
+        ),
         Done(finish_reason="cancelled"),
         Error(code="timeout", message="Too slow."),
     ],
