@@ -163,11 +163,14 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
     admitted are withdrawn (cancelled, their charges given back) and the call is refused as a
     whole, charging nothing."""
     request_ids = [str(uuid.uuid4()) for _ in range(request.choices)]
-    variant = variant_for_request(model=request.model, request_id=completion_id(request_ids[0]))
+    text = isinstance(request, CompletionRequest)
+    auto_tools = not text and request.tool_choice_auto
+    variant = variant_for_request(
+        model=request.model, request_id=completion_id(request_ids[0]), needs_tool_parser=auto_tools
+    )
     if variant is None:
         raise model_not_found(request.model)
-    text = isinstance(request, CompletionRequest)
-    if not text and request.tool_choice_auto and not variant.tool_call_parser:
+    if auto_tools and not variant.tool_call_parser:
         raise _auto_tool_choice_unavailable()
     tool_parsing = None if text else request.tool_parsing(variant.tool_call_parser)
     tier = Tier(api_key.effective_tier)

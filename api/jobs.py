@@ -47,9 +47,11 @@ from scheduler.generation import (
     event_decode,
 )
 from scheduler.key_limits import KeyLimits
+from scheduler.models import Generation
 from scheduler.prompt import prompt_token_count
 from scheduler.redis import sync_redis
 from scheduler.routing import canary_split, variant_for_conversation, variant_for_request
+from scheduler.services import GenerationOutcome, generation_create, generation_finish
 
 logger = logging.getLogger(__name__)
 
@@ -225,6 +227,27 @@ def _item_mark_submitted(item: BatchJobItem) -> bool:
     )
 
 
+def _item_fail_too_large(
+    item: BatchJobItem, *, job: GenerationJob, tokens: int, tokens_per_minute: int
+) -> None:
+    """End an item its key can no longer admit, with the error stored as a worker stores one."""
+    message = (
+        f"Request too large: it may use {tokens} tokens (prompt and max_tokens), over this key's "
+        f"limit of {tokens_per_minute} tokens per minute."
+    )
+    with transaction.atomic():
+        generation_create(job=job)
+        generation_finish(
+            request_id=job.request_id,
+            outcome=GenerationOutcome(
+                status=Generation.Status.ERROR, error_code="rate_limit_exceeded", error_message=message
+            ),
+        )
+        BatchJobItem.objects.filter(pk=item.pk, status=BatchJobItem.Status.PENDING).update(
+            status=BatchJobItem.Status.FAILED, completed_at=timezone.now()
+        )
+
+
 def _item_finish(item_id: int, *, end: Done | Error) -> None:
     """The item's answer ended (and is in its generation record: the worker stores it before
     it publishes the end). Only a submitted item: a cancelled job's items stay cancelled."""
@@ -316,22 +339,26 @@ class _JobFeeder:
         elif self.redis.exists(keys.result(item.model, str(item.generation_id))):
             # Submitted by a task that died before it could record so.
             return _item_mark_submitted(item)
-        request_submit(
-            job=GenerationJob(
-                request_id=str(item.generation_id),
-                origin=Origin.BATCH,
-                messages=item.request["messages"],
-                sampling=SamplingParams.from_dict(item.request),
-                client_id=self.client_id,
-                tier=Tier.BATCH,
-                variant=item.variant,
-                model=item.model,
-                disconnect_grace_s=None,  # nobody watches a batch request's stream
-                key_client_id=None if self.api_key is None else self.api_key.client_id,
-            ),
-            limits=self.key_limits,
-            tokens=_tokens_at_most(item.request) if self.key_limits.tokens_per_minute is not None else 0,
+        job = GenerationJob(
+            request_id=str(item.generation_id),
+            origin=Origin.BATCH,
+            messages=item.request["messages"],
+            sampling=SamplingParams.from_dict(item.request),
+            client_id=self.client_id,
+            tier=Tier.BATCH,
+            variant=item.variant,
+            model=item.model,
+            disconnect_grace_s=None,  # nobody watches a batch request's stream
+            key_client_id=None if self.api_key is None else self.api_key.client_id,
         )
+        tokens_per_minute = self.key_limits.tokens_per_minute
+        tokens = _tokens_at_most(item.request) if tokens_per_minute is not None else 0
+        if tokens_per_minute is not None and tokens > tokens_per_minute:
+            # The key's limit was lowered below it since the job was posted: it would never be
+            # admitted, and the job would wait for it for ever.
+            _item_fail_too_large(item, job=job, tokens=tokens, tokens_per_minute=tokens_per_minute)
+            return False
+        request_submit(job=job, limits=self.key_limits, tokens=tokens)
         if not _item_mark_submitted(item):
             control.request_cancel(request_id=str(item.generation_id))
             return False

@@ -16,14 +16,17 @@ from chat.relay import RECONNECT_MS
 @register()
 def stream_timing_check(**kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
-    heartbeat_s, proxy_s = settings.SSE_HEARTBEAT_S, settings.PROXY_READ_TIMEOUT_S
+    heartbeat_s, proxy_s = settings.SSE_HEARTBEAT_S, settings.PROXY_STREAM_READ_TIMEOUT_S
     if heartbeat_s <= 0 or (proxy_s > 0 and heartbeat_s >= proxy_s):
         messages.append(
             Error(
                 f"SSE_HEARTBEAT_S = {heartbeat_s:g} s: a stream waiting in the queue or on a slow "
-                f"answer stays silent longer than the proxy waits (PROXY_READ_TIMEOUT_S = "
+                f"answer stays silent longer than the proxy waits (PROXY_STREAM_READ_TIMEOUT_S = "
                 f"{proxy_s:g} s), and the proxy cuts it.",
-                hint="Set SSE_HEARTBEAT_S well below PROXY_READ_TIMEOUT_S (default 15).",
+                hint=(
+                    "Set SSE_HEARTBEAT_S to a third of the proxy's read timeout for /chat/stream/ "
+                    "(default 15 s, against deploy/nginx.conf's 45 s), or raise both."
+                ),
                 id="chat.E001",
             )
         )

@@ -283,6 +283,9 @@ RESULT_TTL_S = env_int("RESULT_TTL_S", 3600)
 # /v1/); 0 when nothing sits in front. Streams stay open by sending heartbeats more often; a
 # non-streamed API answer must arrive within it.
 PROXY_READ_TIMEOUT_S = env_float("PROXY_READ_TIMEOUT_S", 600.0)
+# The proxy's read timeout for the chat's answer streams (deploy/nginx.conf: three default
+# heartbeats, 45 s); 0 when nothing sits in front. Heartbeats must come more often.
+PROXY_STREAM_READ_TIMEOUT_S = env_float("PROXY_STREAM_READ_TIMEOUT_S", 45.0)
 
 # --- OpenAI-compatible API and batch jobs ----------------------------------------------------
 # An API call whose client went away is cancelled after this long (0: at once). Unlike a

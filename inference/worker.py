@@ -133,6 +133,9 @@ class _Running:
     paused: bool = False
     preempted: bool = False  # its task is being cancelled to pause it, not to end it
     resumed: asyncio.Event = field(default_factory=asyncio.Event)
+    # Its outcome is being stored and published: a cancel now comes too late to change it, and
+    # a stopping worker waits for it rather than hand back an answer already stored.
+    finishing: bool = False
 
 
 @dataclass(eq=False)
@@ -249,6 +252,12 @@ class InferenceWorker:
         tasks = [r.task for r in self.running.values() if r.task is not None]
         if tasks and self.fatal is None:
             await asyncio.wait(tasks, timeout=self.config.drain_timeout_s)
+        # Those past the engine are storing their answer: handed back, they would run again
+        # while the first answer stays the stored one.
+        finishing = [r.task for r in self.running.values() if r.finishing and r.task is not None]
+        if finishing and self._give_up_at is not None:
+            remaining_s = self._give_up_at - asyncio.get_running_loop().time()
+            await asyncio.wait(finishing, timeout=max(remaining_s, 0.0))
         kept = 0
         for entry in list(self.running.values()):
             try:
@@ -531,7 +540,10 @@ class InferenceWorker:
                     entry.preemptible = job.tier != Tier.VIP
                     try:
                         async for last in self.engine.generate(request):
-                            if last.text or last.logprobs or (last.parsed and last.parsed.tool_calls):
+                            # A last step may write no text and still release what the
+                            # tool-call parser held back (content, or a call's last piece).
+                            held_back = last.parsed and (last.parsed.tool_calls or last.parsed.content)
+                            if last.text or last.logprobs or held_back:
                                 if ttft_ms is None:
                                     ttft_ms = (time.monotonic() - started) * 1000
                                 self._emit(
@@ -625,6 +637,9 @@ class InferenceWorker:
         it), with `parsed`, the answer as its tool-call parser read it. The answer is counted
         (console series, Prometheus) only when this stored it: a job finished twice (reclaimed
         after its worker stored it) counts once."""
+        entry = self.running.get(job.request_id)
+        if entry is not None:
+            entry.finishing = True
         stored = await self.recorder.store(job.request_id, outcome)
         if stored:
             variant = job.generation.variant
@@ -662,7 +677,7 @@ class InferenceWorker:
             self._slot_freed.set()
             return
         entry = self.running.get(request_id)
-        if entry is None or entry.cancel_requested:
+        if entry is None or entry.cancel_requested or entry.finishing:
             return
         entry.cancel_requested = True
         if entry.task is not None:

@@ -129,3 +129,20 @@ def autoscale_check(**kwargs: Any) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+@register()
+def redis_sentinel_check(**kwargs: Any) -> list[CheckMessage]:
+    scheme = settings.REDIS_URL.partition("://")[0]
+    if settings.REDIS_SENTINELS and scheme != "redis":
+        return [
+            Error(
+                f"REDIS_URL asks for {scheme}:// but REDIS_SENTINELS is set: connections to the "
+                "primary the Sentinels name are plain TCP, so TLS (or the socket) would be "
+                "dropped without a word, and the password with it sent in the clear.",
+                hint="With Sentinels, give REDIS_URL as redis://[[user]:password@]host/db; "
+                "reach Redis over a private network, or run it without Sentinels.",
+                id="scheduler.E006",
+            )
+        ]
+    return []

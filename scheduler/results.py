@@ -53,6 +53,9 @@ def _id_key(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq)
 
 
+STREAM_UNREADABLE_MESSAGE = "Sorry, this answer can no longer be read. Please send your message again."
+
+
 class ResultEvent:
     """One entry of a result stream: its id (the SSE event id), its type, and its data as the
     stream holds it (event_encode's JSON), which a relay can send on without encoding it again.
@@ -71,18 +74,23 @@ class ResultEvent:
 
     @property
     def body(self) -> EventBody:
+        """The event; a token whose data cannot be read (only a fault could store one) reads
+        as the error that ends its stream, as any other unreadable entry does."""
         if self._body is None:
-            self._body = event_decode(self.type, json.loads(self.data))
+            try:
+                self._body = event_decode(self.type, json.loads(self.data))
+            except (KeyError, TypeError, ValueError):
+                self._body = Error(code="stream_unreadable", message=STREAM_UNREADABLE_MESSAGE)
         return self._body
 
     @classmethod
     def from_fields(cls, entry_id: str, fields: list[str]) -> ResultEvent:
         """An entry as XREAD returns it: `[field, value, ...]`. Raises KeyError or ValueError
-        for an entry that is not an event."""
+        for an entry that is not an event (a token's data is checked when read, `body`)."""
         entry = dict(zip(fields[::2], fields[1::2], strict=True))
         event = cls(entry_id, entry["type"], entry["data"])
         if event.type != Token.type:
-            event.body  # noqa: B018  (decoded now: one that is not an event fails here)
+            event._body = event_decode(event.type, json.loads(event.data))
         return event
 
     @classmethod
@@ -200,7 +208,6 @@ class _Subscription:
         return batch
 
 
-STREAM_UNREADABLE_MESSAGE = "Sorry, this answer can no longer be read. Please send your message again."
 RELAY_FAILED_MESSAGE = "Sorry, we lost track of this answer. Reload the page to pick it up again."
 
 

@@ -121,12 +121,17 @@ def variant_for_conversation(*, conversation_id: str) -> Variant:
     return variant
 
 
-def variant_for_request(*, model: str, request_id: str) -> Variant | None:
+def variant_for_request(*, model: str, request_id: str, needs_tool_parser: bool = False) -> Variant | None:
     """The variant that answers an API request naming `model`: the stable variant's name is
     routed as a conversation is (the canary takes its share, by `request_id`), another variant's
-    name is that variant (a caller trying the candidate), anything else None (vLLM's 404)."""
+    name is that variant (a caller trying the candidate), anything else None (vLLM's 404).
+    A call that needs its variant's tool-call parser (`tool_choice: "auto"`) is not routed to a
+    candidate without one: it stays on stable, rather than a share of such calls failing."""
     if model == canary_split().stable_variant:
-        return variant_for_conversation(conversation_id=request_id)
+        routed = variant_for_conversation(conversation_id=request_id)
+        if needs_tool_parser and routed is not None and not routed.tool_call_parser:
+            return _variant_named(model)
+        return routed
     return _variant_named(model)
 
 

@@ -375,6 +375,23 @@ def test_a_job_request_larger_than_its_key_s_tokens_per_minute_is_refused_for_go
     assert not BatchJob.objects.exists()
 
 
+def test_an_item_its_key_s_lowered_limit_can_no_longer_admit_fails_and_the_job_ends(api_key):
+    """The key's tokens per minute lowered below a posted item's size: that item would never
+    be admitted. It fails with the reason, and the job goes on to its end."""
+    job = _job(api_key, 2)
+    tokens = jobs._tokens_at_most(_items(job)[0].request)
+    ApiKey.objects.filter(pk=api_key.pk).update(tokens_per_minute=tokens - 1)
+    answered: set[str] = set()
+    for _ in range(3):
+        jobs.job_feed(job_id=job.pk, budget_s=0.2)
+        _answer_new(answered)
+    assert not answered
+    assert [item.status for item in _items(job)] == ["failed", "failed"]
+    [code] = {item.generation.error_code for item in _items(job)}
+    assert code == "rate_limit_exceeded"
+    assert BatchJob.objects.get().status == "completed"
+
+
 def test_an_owner_over_the_active_job_cap_gets_429_and_nothing_is_stored(issued, api_key, settings):
     settings.BATCH_JOB_MAX_ACTIVE_PER_OWNER = 2
     done = _job(api_key, 1)

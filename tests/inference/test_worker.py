@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -14,6 +15,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
+from inference import worker as worker_module
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 from inference.engines.simulated import SimulatedEngine, simulated_answer_tokens
 from inference.metrics import PREEMPTIONS
@@ -169,6 +171,33 @@ def test_a_job_cancelled_mid_answer_keeps_what_was_written():
     assert (answer.status, answer.text, answer.finish_reason) == ("cancelled", "Half an ", "cancelled")
     assert _events(request_id)[-1][0] == "done"
     assert (_pending(), _in_flight()) == (0, 0)
+
+
+def test_a_stop_that_comes_while_the_answer_is_being_stored_changes_nothing(monkeypatch):
+    """The customer's stop arrives after the last token, while the answer is being stored: too
+    late to cancel it. It ends `done` as written, and its slot and place are given back."""
+    request_id = _submit()
+    storing, release = threading.Event(), threading.Event()
+    store = worker_module.generations_finish
+
+    def slow_store(finished):
+        storing.set()
+        release.wait(10)
+        return store(finished)
+
+    monkeypatch.setattr(worker_module, "generations_finish", slow_store)
+    worker = _worker(ScriptedEngine("Your ", "order ", "shipped."))
+
+    async def stop_while_storing(worker: InferenceWorker, job: Job) -> None:
+        await asyncio.to_thread(storing.wait, 10)
+        worker.cancel(job.request_id)
+        release.set()
+
+    _serve(worker, before=stop_while_storing)
+    answer = Generation.objects.get(request_id=request_id)
+    assert (answer.status, answer.text) == ("done", "Your order shipped.")
+    assert _events(request_id)[-1][0] == "done"
+    assert (_pending(), _in_flight(), worker.running) == (0, 0, {})
 
 
 def test_a_job_that_waited_past_its_deadline_expires_without_running():

@@ -27,6 +27,7 @@ def test_the_default_settings_pass():
         ({"NORMAL_AGING_S": 120.0}, "scheduler.W101"),
         ({"GENERATION_TIMEOUT_S": 600.0}, "scheduler.W102"),
         ({"PROXY_READ_TIMEOUT_S": 60.0}, "scheduler.W102"),
+        ({"REDIS_SENTINELS": [("10.0.0.1", 26379)], "REDIS_URL": "rediss://:pw@redis/0"}, "scheduler.E006"),
     ],
 )
 def test_settings_that_do_not_agree_are_reported(overrides, expected):

@@ -162,6 +162,26 @@ def test_an_entry_that_is_not_an_event_ends_only_its_own_stream():
     assert [e.type for e in fine_events] == ["done"]
 
 
+def test_a_token_whose_data_cannot_be_read_reads_as_the_error_that_ends_its_stream():
+    """Tokens are decoded only when a reader asks (the chat's relay sends them on as stored): one
+    that cannot be read gives such a reader the same clear end as any unreadable entry."""
+    stream = keys.result("v", "garbled")
+    sync_redis().xadd(stream, {"type": "token", "data": '{"seq": 0, "text": "Fine"}'})
+    sync_redis().xadd(stream, {"type": "token", "data": "{not json"})
+
+    async def scenario():
+        follower = ResultFollower()
+        async with follower.subscribe(model="v", request_id="garbled", after_id="0-0") as sub:
+            events = []
+            while len(events) < 2:
+                events += await sub.next_batch(5)
+            return [event.body for event in events]
+
+    fine, garbled = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert fine.text == "Fine"
+    assert (garbled.type, garbled.code) == ("error", "stream_unreadable")
+
+
 def test_subscribers_of_a_follower_that_dies_get_an_error_and_a_new_subscription_follows_again(monkeypatch):
     class Broken(Exception):
         pass

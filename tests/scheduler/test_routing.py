@@ -89,3 +89,21 @@ def test_a_variant_is_read_once_a_second_and_again_at_once_when_it_is_saved(djan
     routing._variants[first.name] = (time.monotonic() - routing.CACHE_S, first)  # a second ago
     with django_assert_num_queries(1):
         variant_for_conversation(conversation_id=conversation)
+
+
+def test_during_a_canary_calls_that_need_a_tool_parser_stay_on_stable_when_the_candidate_has_none():
+    Variant.objects.filter(name="stable").update(tool_call_parser="pythonic")
+    routing.variants_forget()
+    _split(100)
+    ids = CONVERSATIONS[:20]
+    assert {routing.variant_for_request(model="stable", request_id=i).name for i in ids} == {"candidate"}
+    needing = {
+        routing.variant_for_request(model="stable", request_id=i, needs_tool_parser=True).name for i in ids
+    }
+    assert needing == {"stable"}
+    Variant.objects.filter(name="candidate").update(tool_call_parser="pythonic")
+    routing.variants_forget()
+    needing = {
+        routing.variant_for_request(model="stable", request_id=i, needs_tool_parser=True).name for i in ids
+    }
+    assert needing == {"candidate"}
