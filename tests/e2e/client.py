@@ -9,12 +9,27 @@ from typing import Any
 
 import httpx
 
+from launcher.process import ROOT
 from scheduler.generation import TERMINAL_EVENTS, AnswerFold, event_decode
 
 
 def static_links(page: str) -> list[str]:
     """The /static/ URLs of the stylesheets and scripts a page loads."""
     return re.findall(r'<(?:link|script)\b[^>]*\b(?:href|src)="(/static/[^"]+)"', page)
+
+
+def chat_page_assets_check(base_url: str) -> None:
+    """The chat page, and every stylesheet and script it links, byte for byte the files in
+    static/, as a browser loads them from `base_url`."""
+    with httpx.Client(base_url=base_url, timeout=10) as browser:
+        page = browser.get("/")
+        assert page.status_code == 200
+        links = static_links(page.text)
+        assert {"/static/chat/chat.css", "/static/chat/chat.js", "/static/vendor/htmx.min.js"} <= set(links)
+        for link in links:
+            response = browser.get(link)
+            assert response.status_code == 200, link
+            assert response.content == (ROOT / "static" / link.removeprefix("/static/")).read_bytes(), link
 
 
 @dataclass

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import re
 
-import httpx
 import pytest
 from django.conf import settings
 
 from launcher.nginx import STREAM_SILENT_HEARTBEATS, Nginx, nginx_config
-from launcher.process import ROOT, free_port
+from launcher.process import free_port
 from launcher.stack import Stack
-from tests.e2e.client import static_links
+from tests.e2e.client import chat_page_assets_check
 
 
 @pytest.fixture
@@ -29,15 +28,7 @@ def nginx_in_front(tmp_path):
 
 
 def test_the_chat_page_loads_its_styles_and_scripts_through_nginx(nginx_in_front):
-    with httpx.Client(base_url=nginx_in_front.base_url, timeout=10) as browser:
-        page = browser.get("/")
-        assert page.status_code == 200
-        links = static_links(page.text)
-        assert {"/static/chat/chat.css", "/static/chat/chat.js", "/static/vendor/htmx.min.js"} <= set(links)
-        for link in links:
-            response = browser.get(link)
-            assert response.status_code == 200, link
-            assert response.content == (ROOT / "static" / link.removeprefix("/static/")).read_bytes(), link
+    chat_page_assets_check(nginx_in_front.base_url)
 
 
 def test_streams_silent_for_three_heartbeats_are_ended(tmp_path):

@@ -20,9 +20,8 @@ import psycopg
 import pytest
 import redis
 
-from launcher.process import ROOT
 from scheduler.generation import AnswerFold, Reset, Token, event_decode
-from tests.e2e.client import ChatClient, static_links
+from tests.e2e.client import ChatClient, chat_page_assets_check
 from tests.multihost.topology import MASTER_NAME, MultiHost
 
 pytestmark = pytest.mark.multihost
@@ -141,15 +140,7 @@ async def _until(condition, what: str, timeout_s: float = DEADLINE_S) -> None:
 
 
 def test_the_chat_page_loads_its_styles_and_scripts_through_nginx(hosts):
-    with httpx.Client(base_url=hosts.base_url, timeout=10) as browser:
-        page = browser.get("/")
-        assert page.status_code == 200
-        links = static_links(page.text)
-        assert {"/static/chat/chat.css", "/static/chat/chat.js", "/static/vendor/htmx.min.js"} <= set(links)
-        for link in links:
-            response = browser.get(link)
-            assert response.status_code == 200, link
-            assert response.content == (ROOT / "static" / link.removeprefix("/static/")).read_bytes(), link
+    chat_page_assets_check(hosts.base_url)
 
 
 def _celery_logged(hosts: MultiHost, pattern: str) -> list[tuple[datetime, str]]:
