@@ -300,7 +300,8 @@ class ResultFollower:
 
     async def _follow(self) -> None:
         if self._reader is None:
-            self._reader = new_async_redis(single_connection=True, socket_timeout=self.BLOCK_MS / 1000 + 5)
+            reader = new_async_redis(single_connection=True, socket_timeout=self.BLOCK_MS / 1000 + 5)
+            self._reader = await reader.initialize()  # its one connection, reconnected on use
         attempt = 0
         while self._subs:
             streams = {self._wake_key: self._wake_cursor}
@@ -339,7 +340,6 @@ class ResultFollower:
         as under the command layer, and reconnects on the next read (through the Sentinels,
         when there are some)."""
         assert self._reader is not None
-        await self._reader.initialize()
         connection = self._reader.connection
         await connection.send_command(
             "XREAD", "COUNT", self.BATCH, "BLOCK", self.BLOCK_MS, "STREAMS", *streams, *streams.values()

@@ -749,6 +749,11 @@ def test_a_call_of_several_choices_is_never_answered_from_the_result_cache(key):
     answer_cache._index.forget()
 
 
+def _api_cache_results() -> list[str]:
+    """How the result cache took each API call, in order."""
+    return list(Generation.objects.filter(origin="api").order_by("id").values_list("cache", flat=True))
+
+
 def test_a_call_sampled_without_a_seed_is_never_answered_from_the_result_cache(key):
     """Its answer is a fresh sample each time on vllm serve; greedy and seeded ones are not."""
     answer_cache._index.forget()
@@ -761,7 +766,7 @@ def test_a_call_sampled_without_a_seed_is_never_answered_from_the_result_cache(k
             for job in worker_double.queued("normal"):
                 if job["request_id"] not in answered:
                     worker_double.answer(job["request_id"], "It left our warehouse today.")
-    assert list(Generation.objects.filter(origin="api").order_by("id").values_list("cache", flat=True)) == [
+    assert _api_cache_results() == [
         "",
         "",
         "miss",
@@ -781,7 +786,7 @@ def test_a_call_is_answered_from_the_result_cache_only_for_the_very_same_text(ke
     respelled = body | {"messages": [{"role": "user", "content": "where is my order"}]}
     assert _post(Client(), key, respelled).status_code == 200
     assert _post(Client(), key, body).status_code == 200
-    assert list(Generation.objects.filter(origin="api").order_by("id").values_list("cache", flat=True)) == [
+    assert _api_cache_results() == [
         "miss",
         "miss",
         "exact",
