@@ -300,8 +300,7 @@ class ResultFollower:
 
     async def _follow(self) -> None:
         if self._reader is None:
-            reader = new_async_redis(single_connection=True, socket_timeout=self.BLOCK_MS / 1000 + 5)
-            self._reader = await reader.initialize()  # its one connection, reconnected on use
+            self._reader = new_async_redis(single_connection=True, socket_timeout=self.BLOCK_MS / 1000 + 5)
         attempt = 0
         while self._subs:
             streams = {self._wake_key: self._wake_cursor}
@@ -340,6 +339,8 @@ class ResultFollower:
         as under the command layer, and reconnects on the next read (through the Sentinels,
         when there are some)."""
         assert self._reader is not None
+        if self._reader.connection is None:  # its one connection, reconnected on use after that
+            await self._reader.initialize()
         connection = self._reader.connection
         await connection.send_command(
             "XREAD", "COUNT", self.BATCH, "BLOCK", self.BLOCK_MS, "STREAMS", *streams, *streams.values()

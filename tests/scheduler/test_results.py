@@ -2,6 +2,7 @@ import asyncio
 
 import pytest
 import redis
+import redis.asyncio as aioredis
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -216,6 +217,37 @@ def test_subscribers_of_a_follower_that_dies_get_an_error_and_a_new_subscription
     first_events, second_events = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert [(e.type, e.body.code) for e in first_events] == [("error", "relay_failed")]
     assert [e.type for e in second_events] == ["done"]
+
+
+def test_a_follower_that_cannot_reach_redis_at_first_waits_for_it_instead_of_failing(monkeypatch):
+    """Redis unreachable when the first customer of a web process opens a stream: the stream
+    gets its answer once Redis answers, not an error."""
+    real_initialize = aioredis.Redis.initialize
+    refusals = iter([redis.ConnectionError("Connection refused")])
+
+    async def refused_once(self):
+        refusal = next(refusals, None) if self.single_connection_client else None  # the reader's
+        if refusal is not None:
+            raise refusal
+        return await real_initialize(self)
+
+    monkeypatch.setattr(aioredis.Redis, "initialize", refused_once)
+
+    async def scenario():
+        client = new_async_redis()
+        publisher = ResultPublisher(client)
+        publishing = asyncio.create_task(publisher.run())
+        try:
+            async with ResultFollower().subscribe(model="v", request_id="early", after_id="0-0") as early:
+                await publisher.emit("v", "early", Done(finish_reason="stop"))
+                return await _collect(early, "done")
+        finally:
+            publishing.cancel()
+            await client.aclose()
+
+    events = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert [e.type for e in events] == ["done"]
+    assert next(refusals, None) is None  # the refusal did happen
 
 
 def test_a_batch_whose_reply_was_lost_is_not_written_twice_when_retried():
