@@ -3,9 +3,17 @@ only emits tokens (no Redis, no worker). Mounted only when BENCH_ENDPOINTS is on
 
 Streams of one run wait for its start signal, so the figure measures N streams flowing at once,
 not how fast N connections can be opened.
+
+Both measurements run in the same web process, so each starts by collecting the garbage the
+one before left (`collect`): thousands of finished requests' reference cycles would otherwise be
+walked by a full collection during the next measurement, stopping its streams for the other's
+leftovers.
 """
 
 import asyncio
+import gc
+import json
+import time
 
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
@@ -37,3 +45,12 @@ async def bare_tokens(request: HttpRequest) -> StreamingHttpResponse:
 async def bare_start(request: HttpRequest) -> HttpResponse:
     _starts.setdefault(request.GET.get("run", ""), asyncio.Event()).set()
     return HttpResponse(status=204)
+
+
+@csrf_exempt
+@require_POST
+async def collect(request: HttpRequest) -> HttpResponse:
+    started = time.perf_counter()
+    freed = gc.collect()
+    body = {"freed": freed, "ms": (time.perf_counter() - started) * 1000}
+    return HttpResponse(json.dumps(body), content_type="application/json")
