@@ -12,10 +12,9 @@ leftovers.
 
 import asyncio
 import gc
-import json
 import time
 
-from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_GET, require_POST
 
@@ -49,8 +48,7 @@ async def bare_start(request: HttpRequest) -> HttpResponse:
 
 @csrf_exempt
 @require_POST
-async def collect(request: HttpRequest) -> HttpResponse:
+async def collect(request: HttpRequest) -> JsonResponse:
     started = time.perf_counter()
     freed = gc.collect()
-    body = {"freed": freed, "ms": (time.perf_counter() - started) * 1000}
-    return HttpResponse(json.dumps(body), content_type="application/json")
+    return JsonResponse({"freed": freed, "ms": (time.perf_counter() - started) * 1000})
