@@ -33,7 +33,8 @@ class Response:
 
 @dataclass
 class StreamTrace:
-    """What one SSE stream delivered, with arrival times (time.perf_counter)."""
+    """What one SSE stream delivered, with arrival times (time.perf_counter): a time per token,
+    so an event of several tokens (steps the worker wrote together) gives its time to each."""
 
     opened_at: float
     token_times: list[float] = field(default_factory=list)
@@ -273,6 +274,16 @@ async def _chunks(reader: asyncio.StreamReader):
         yield chunk
 
 
+_TOKENS = re.compile(rb'"tokens":([0-9]+)')
+
+
+def _tokens_in(data: bytes | None) -> int:
+    """The tokens a token event holds (read without decoding the whole event); text that the
+    model did not write (a help-center reply) counts as one, as a reader sees it arrive."""
+    found = _TOKENS.search(data or b"")
+    return max(1, int(found.group(1))) if found else 1
+
+
 async def _read_events(
     reader: asyncio.StreamReader, trace: StreamTrace, on_first_status: Callable[[], None] | None
 ) -> None:
@@ -292,7 +303,7 @@ async def _read_events(
                 elif line.startswith(b"data: "):
                     data = line[6:]
             if event == "token":
-                trace.token_times.append(now)
+                trace.token_times.extend([now] * _tokens_in(data))
             elif event == "status" and trace.first_status_at is None:
                 trace.first_status_at = now
                 if on_first_status is not None:

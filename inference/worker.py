@@ -481,6 +481,7 @@ class InferenceWorker:
 
     def _release_slot(self, job: Job) -> None:
         self.running.pop(job.request_id, None)
+        self.publisher.forget(job.model, job.request_id)
         self._slot_freed.set()
 
     async def _job_states(self, jobs: list[Job]) -> tuple[set[str], dict[str, str | None]]:
@@ -525,6 +526,7 @@ class InferenceWorker:
         ttft_ms: float | None = None
         finish_reason = "stop"
         last: Delta | None = None
+        counted = 0  # output tokens that token events have told of (a delta's count is cumulative)
         paused_s = 0.0  # not service: another answer had the slot
         try:
             async with asyncio.timeout(self.config.generation_timeout_s):
@@ -551,11 +553,13 @@ class InferenceWorker:
                                     Token(
                                         seq=len(entry.text),
                                         text=last.text,
+                                        tokens=last.output_tokens - counted,
                                         logprobs=last.logprobs,
                                         parsed=last.parsed,
                                     ),
                                 )
                                 entry.text.append(last.text)
+                                counted = last.output_tokens
                             if last.finish_reason is not None:
                                 finish_reason = last.finish_reason
                     except asyncio.CancelledError:

@@ -318,7 +318,7 @@ def request_admit_known(
         timings = Timings(queue_ms=0.0, ttft_ms=lookup_ms, duration_ms=lookup_ms, engine=answer.engine)
         events = [
             Start(worker=answer.engine, variant=job.variant, attempt=1),
-            Token(seq=0, text=answer.text),
+            Token(seq=0, text=answer.text, tokens=answer.completion_tokens),
             Done(finish_reason="stop", usage=usage, timings=timings, cached=answer.engine == CACHE),
         ]
         generation_finish(

@@ -390,12 +390,15 @@ class ParsedAnswer:
 
 @dataclass(frozen=True, slots=True)
 class Token:
-    """Text from one engine step; `logprobs` (one entry per token of the text) only when the
-    request asked for them, `parsed` only when its answer is parsed for tool calls."""
+    """Text from one engine step, or from several when they came faster than the worker could
+    write them (scheduler.results.ResultPublisher joins them); `tokens`: the output tokens it
+    holds; `logprobs` (one entry per token of the text) only when the request asked for them,
+    `parsed` only when its answer is parsed for tool calls."""
 
     type: ClassVar[str] = "token"
     seq: int
     text: str
+    tokens: int = 1
     logprobs: tuple[TokenLogprob, ...] | None = None
     parsed: ParsedDelta | None = None
 
@@ -437,7 +440,7 @@ TERMINAL_EVENTS = frozenset({Done.type, Error.type})
 def event_data(body: EventBody) -> dict[str, Any]:
     """An event's fields as sent on the wire (the result stream's `data`, the SSE `data`)."""
     if isinstance(body, Token):  # the per-token path: no asdict
-        data: dict[str, Any] = {"seq": body.seq, "text": body.text}
+        data: dict[str, Any] = {"seq": body.seq, "text": body.text, "tokens": body.tokens}
         if body.logprobs is not None:
             data["logprobs"] = [entry.to_dict() for entry in body.logprobs]
         if body.parsed is not None:
@@ -474,6 +477,8 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
         return Token(
             seq=int(data["seq"]),
             text=data["text"],
+            # An event stored before tokens were counted: one a step.
+            tokens=int(data.get("tokens", 1)),
             logprobs=None if logprobs is None else tuple(TokenLogprob.from_dict(entry) for entry in logprobs),
             parsed=None if parsed is None else ParsedDelta.from_dict(parsed),
         )

@@ -3,14 +3,15 @@
 Each request has one Redis stream (see keys.result). Its entry ids are the SSE event ids, so a
 reconnecting client resumes with `Last-Event-ID` and gets exactly the entries after it.
 
-Publishing coalesces: everything emitted during one engine step goes out in one pipelined
-round trip. Following multiplexes: one blocking XREAD on one connection serves every stream
-the process follows.
+Publishing coalesces: everything emitted while the previous write was in flight goes out in
+one script call, and a stream's tokens among it go out as one token event. Following
+multiplexes: one blocking XREAD on one connection serves every stream the process follows.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import re
@@ -24,7 +25,16 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from scheduler import keys, metrics
-from scheduler.generation import Error, EventBody, Token, event_decode, event_encode
+from scheduler.generation import (
+    Done,
+    Error,
+    EventBody,
+    Reset,
+    Token,
+    TokenLogprob,
+    event_decode,
+    event_encode,
+)
 from scheduler.queues import Job
 from scheduler.redis import async_script, new_async_redis
 
@@ -121,32 +131,101 @@ return #KEYS - 1
 """
 
 
+class _JoinedToken:
+    """A stream's token event not yet written, which the stream's next tokens join."""
+
+    __slots__ = ("logprobs", "seq", "texts", "tokens")
+
+    def __init__(self, token: Token, seq: int) -> None:
+        self.seq = seq
+        self.texts = [token.text]
+        self.tokens = token.tokens
+        self.logprobs: list[TokenLogprob] | None = None if token.logprobs is None else list(token.logprobs)
+
+    def joins(self, token: Token) -> bool:
+        """Whether `token` can be told as more of this one: not a tool-call parser's piece
+        (those are written as the parser made them), logprobs asked for by both or neither."""
+        return token.parsed is None and (token.logprobs is None) == (self.logprobs is None)
+
+    def join(self, token: Token) -> None:
+        self.texts.append(token.text)
+        self.tokens += token.tokens
+        if self.logprobs is not None and token.logprobs is not None:
+            self.logprobs += token.logprobs
+
+    def token(self) -> Token:
+        logprobs = None if self.logprobs is None else tuple(self.logprobs)
+        return Token(seq=self.seq, text="".join(self.texts), tokens=self.tokens, logprobs=logprobs)
+
+
 class ResultPublisher:
-    """Worker side. `emit` buffers; a single task writes each buffer in one script call."""
+    """Worker side. `emit` buffers; a single task writes each buffer in one script call.
+
+    A stream's tokens emitted while the previous write is in flight join its last token event
+    in the buffer, as vLLM joins a request's outputs when its reader falls behind: when tokens
+    come faster than Redis and the web processes take them (thousands of streams at once), each
+    stream gets one entry a write instead of one a token, which every part after this one reads,
+    parses and relays. Tokens are numbered by the emitter (`seq`); one that joins another frees
+    its number, and the stream's later tokens move down to keep the numbers without a gap."""
 
     def __init__(self, client: aioredis.Redis) -> None:
         self.client = client
         self._publish = async_script(client, _PUBLISH)
         self._batch_key = keys.publisher_batch(uuid.uuid4().hex)
         self._batches = 0
-        self._buffer: list[tuple[str, str, str]] = []
+        self._buffer: list[tuple[str, EventBody | _JoinedToken]] = []
+        # Per stream: its last event in the buffer when that is a token that later ones may join.
+        self._open: dict[str, _JoinedToken] = {}
+        # Per stream: how many of its tokens joined others since its numbering began.
+        self._joined: dict[str, int] = {}
         self._written: asyncio.Future[None] | None = None
         self._wakeup = asyncio.Event()
 
     def emit(self, model: str, request_id: str, body: EventBody) -> asyncio.Future[None]:
         """Queue an event; the returned future resolves once it is in Redis."""
-        self._buffer.append((keys.result(model, request_id), *event_encode(body)))
+        stream = keys.result(model, request_id)
+        if isinstance(body, Token):
+            self._token_buffer(stream, body)
+        else:
+            self._open.pop(stream, None)
+            if isinstance(body, Reset | Done | Error):  # the emitter numbers tokens from 0 again
+                self._joined.pop(stream, None)
+            self._buffer.append((stream, body))
         if self._written is None:
             self._written = asyncio.get_running_loop().create_future()
         self._wakeup.set()
         return self._written
 
+    def _token_buffer(self, stream: str, token: Token) -> None:
+        joined = self._open.get(stream)
+        if joined is not None and joined.joins(token):
+            joined.join(token)
+            self._joined[stream] = self._joined.get(stream, 0) + 1
+            return
+        seq = token.seq - self._joined.get(stream, 0)
+        if token.parsed is not None:
+            self._open.pop(stream, None)
+            self._buffer.append((stream, dataclasses.replace(token, seq=seq)))
+            return
+        self._open[stream] = _JoinedToken(token, seq)
+        self._buffer.append((stream, self._open[stream]))
+
+    def forget(self, model: str, request_id: str) -> None:
+        """The request left this worker without an end (its job failed here, or went back to
+        the queue): whoever answers it next numbers its tokens from a reset."""
+        self._joined.pop(keys.result(model, request_id), None)
+
     async def run(self) -> None:
         while True:
             await self._wakeup.wait()
             self._wakeup.clear()
-            batch, written = self._buffer, self._written
+            buffered, written = self._buffer, self._written
             self._buffer, self._written = [], None
+            self._open.clear()
+            batch = [
+                (stream, *event_encode(body.token() if isinstance(body, _JoinedToken) else body))
+                for stream, body in buffered
+            ]
             await self._write(batch)
             if written is not None and not written.done():
                 written.set_result(None)

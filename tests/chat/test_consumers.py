@@ -40,8 +40,8 @@ def _publish_answer(message: Message, *texts: str) -> None:
         try:
             request_id = str(message.generation_id)
             publisher.emit(MODEL, request_id, Start(worker="w", variant="stable", attempt=1))
-            for seq, text in enumerate(texts):
-                publisher.emit(MODEL, request_id, Token(seq=seq, text=text))
+            for seq, text in enumerate(texts):  # an engine step each, written before the next
+                await publisher.emit(MODEL, request_id, Token(seq=seq, text=text))
             await publisher.emit(MODEL, request_id, Done(finish_reason="stop"))
         finally:
             publishing.cancel()

@@ -32,8 +32,8 @@ def test_the_relay_sends_each_token_with_its_id_as_the_browser_reads_it():
         publishing = asyncio.create_task(publisher.run())
         try:
             publisher.emit("v", "answer", Start(worker="w", variant="stable", attempt=1))
-            publisher.emit("v", "answer", Token(seq=0, text="Two\nlines "))
-            publisher.emit("v", "answer", Token(seq=1, text="«fin»"))
+            await publisher.emit("v", "answer", Token(seq=0, text="Two\nlines "))
+            await publisher.emit("v", "answer", Token(seq=1, text="«fin»"))
             await publisher.emit("v", "answer", Done(finish_reason="stop"))
             relayed = await asyncio.wait_for(_relayed("answer"), 30)
             ids = [entry_id for entry_id, _ in await client.xrange(keys.result("v", "answer"))]
@@ -47,8 +47,8 @@ def test_the_relay_sends_each_token_with_its_id_as_the_browser_reads_it():
     assert [e["event"] for e in events] == ["status", "token", "token", "done"]
     assert [e["id"] for e in events] == ids
     assert [json.loads(e["data"]) for e in events[1:3]] == [
-        {"seq": 0, "text": "Two\nlines "},
-        {"seq": 1, "text": "«fin»"},
+        {"seq": 0, "text": "Two\nlines ", "tokens": 1},
+        {"seq": 1, "text": "«fin»", "tokens": 1},
     ]
 
 

@@ -1,4 +1,5 @@
 import asyncio
+import json
 
 import pytest
 import redis
@@ -7,7 +8,16 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 
 from scheduler import keys
-from scheduler.generation import Done, Token
+from scheduler.generation import (
+    AnswerFold,
+    Done,
+    ParsedDelta,
+    Reset,
+    Start,
+    Token,
+    TokenLogprob,
+    event_decode,
+)
 from scheduler.redis import new_async_redis, sync_redis
 from scheduler.results import ResultFollower, ResultPublisher, parse_event_id
 
@@ -64,7 +74,7 @@ def test_followers_get_every_event_in_order_from_their_own_cursor():
         try:
             async with follower.subscribe(model="v", request_id="a", after_id="0-0") as early:
                 for n in range(3):
-                    publisher.emit("v", "a", Token(seq=n, text=f"t{n} "))
+                    await publisher.emit("v", "a", Token(seq=n, text=f"t{n} "))  # a write each
                 first_three = await _collect(early, "token")
                 while len(first_three) < 3:
                     first_three += await early.next_batch(5)
@@ -271,7 +281,7 @@ def test_a_batch_whose_reply_was_lost_is_not_written_twice_when_retried():
         publishing = asyncio.create_task(publisher.run())
         try:
             for n in range(3):
-                publisher.emit("v", "lost-reply", Token(seq=n, text=f"t{n}"))
+                await publisher.emit("v", "lost-reply", Token(seq=n, text=f"t{n}"))
             await publisher.emit("v", "lost-reply", Done(finish_reason="stop"))
             # Later batches are written as usual.
             await publisher.emit("v", "next", Done(finish_reason="stop"))
@@ -285,3 +295,85 @@ def test_a_batch_whose_reply_was_lost_is_not_written_twice_when_retried():
     kinds = [fields["type"] for _, fields in store.xrange(keys.result("v", "lost-reply"))]
     assert kinds == ["token", "token", "token", "done"]
     assert [fields["type"] for _, fields in store.xrange(keys.result("v", "next"))] == ["done"]
+
+
+def _stream_events(request_id: str) -> list:
+    entries = sync_redis().xrange(keys.result("v", request_id))
+    return [event_decode(fields["type"], json.loads(fields["data"])) for _, fields in entries]
+
+
+def test_tokens_emitted_while_a_write_is_in_flight_go_out_as_one_event_numbered_without_a_gap():
+    """Thousands of streams at once: the engine writes faster than Redis and the web take it,
+    and each stream gets one entry a write rather than one a token."""
+
+    async def scenario():
+        client = new_async_redis()
+        publisher = ResultPublisher(client)
+        publishing = asyncio.create_task(publisher.run())
+        try:
+            for request_id in ("a", "b"):
+                publisher.emit("v", request_id, Start(worker="w", variant="stable", attempt=1))
+            for n in range(3):  # engine steps of both answers before the next write
+                publisher.emit("v", "a", Token(seq=n, text=f"a{n} "))
+                written = publisher.emit("v", "b", Token(seq=n, text=f"b{n} ", tokens=2))
+            await written
+            await publisher.emit("v", "a", Token(seq=3, text="a3 "))  # a write of its own
+            publisher.emit("v", "a", Token(seq=4, text="a4 "))
+            await publisher.emit("v", "a", Token(seq=5, text="a5."))
+            publisher.emit("v", "b", Done(finish_reason="stop"))
+            await publisher.emit("v", "a", Done(finish_reason="stop"))
+        finally:
+            publishing.cancel()
+            await client.aclose()
+
+    asyncio.run(scenario())
+    a = _stream_events("a")
+    assert [type(e).__name__ for e in a] == ["Start", "Token", "Token", "Token", "Done"]
+    assert [(e.seq, e.text, e.tokens) for e in a[1:4]] == [
+        (0, "a0 a1 a2 ", 3),
+        (1, "a3 ", 1),
+        (2, "a4 a5.", 2),
+    ]
+    b = _stream_events("b")
+    assert [(e.seq, e.text, e.tokens) for e in b if isinstance(e, Token)] == [(0, "b0 b1 b2 ", 6)]
+    for events in (a, b):  # what every reader folds: no token lost, none repeated
+        fold = AnswerFold().add_all(events)
+        assert (fold.skipped, fold.repeated, fold.end) == (0, 0, Done(finish_reason="stop"))
+    assert AnswerFold().add_all(a).text == "a0 a1 a2 a3 a4 a5."
+
+
+def test_joined_tokens_keep_their_logprobs_in_order_and_a_parsers_pieces_stay_apart():
+    def logprob(token: str) -> tuple[TokenLogprob, ...]:
+        return (TokenLogprob(token=token, logprob=-0.5, bytes=list(token.encode())),)
+
+    async def scenario():
+        client = new_async_redis()
+        publisher = ResultPublisher(client)
+        publishing = asyncio.create_task(publisher.run())
+        try:
+            publisher.emit("v", "lp", Token(seq=0, text="Yes", logprobs=logprob("Yes")))
+            publisher.emit("v", "lp", Token(seq=1, text=".", logprobs=logprob(".")))
+            publisher.emit("v", "tool", Token(seq=0, text="[f(", parsed=ParsedDelta()))
+            publisher.emit("v", "tool", Token(seq=1, text="x=1", parsed=ParsedDelta()))
+            publisher.emit("v", "tool", Token(seq=2, text=")]"))
+            publisher.emit("v", "tool", Token(seq=3, text=" "))
+            # A reset: the answer starts over, numbered from 0 again.
+            publisher.emit("v", "tool", Reset(reason="worker_restarted", attempt=2))
+            publisher.emit("v", "tool", Token(seq=0, text="Again"))
+            await publisher.emit("v", "tool", Token(seq=1, text="."))
+        finally:
+            publishing.cancel()
+            await client.aclose()
+
+    asyncio.run(scenario())
+    [joined] = _stream_events("lp")
+    assert (joined.seq, joined.text, joined.tokens) == (0, "Yes.", 2)
+    assert [entry.token for entry in joined.logprobs] == ["Yes", "."]
+    tool = _stream_events("tool")
+    assert [(e.seq, e.text, e.parsed is not None) for e in tool[:3]] == [
+        (0, "[f(", True),
+        (1, "x=1", True),
+        (2, ")] ", False),
+    ]
+    assert isinstance(tool[3], Reset)
+    assert [(e.seq, e.text) for e in tool[4:]] == [(0, "Again.")]
