@@ -103,10 +103,13 @@ TEMPLATES = [
     },
 ]
 
-# No persistent connections (CONN_MAX_AGE 0): under ASGI every request runs in a thread of its
-# own, and a connection kept past the request stays open until its thread is collected, one per
-# request. PostgreSQL gets a pool per process instead: connections are reused across threads, and
-# a burst waits for one rather than exceeding the server's max_connections.
+# SQLite: each thread keeps its connection (CONN_MAX_AGE None). Opening one (the WAL pragmas,
+# Django's SQL functions) cost a chat post about a millisecond, and every thread that reaches the
+# database is long-lived and bounded: a web process's sync-view turns and async-view threads
+# (config.middleware.SyncViewGate), the answer streams' executor, the worker's one thread.
+# PostgreSQL gets a pool per process instead (it refuses persistent connections beside one):
+# connections are reused across threads, and a burst waits for one rather than exceeding the
+# server's max_connections.
 DATABASES = {"default": dj_database_url.parse(env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'db.sqlite3'}"))}
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     # WAL lets the web, worker and Celery processes read while one of them writes.
@@ -115,6 +118,7 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "timeout": 20,
     }
+    DATABASES["default"]["CONN_MAX_AGE"] = None
 elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
     DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
         "min_size": 1,

@@ -12,7 +12,6 @@ import signal
 from channels.management.commands.runworker import Command as ChannelsRunWorker
 from channels.worker import Worker
 from django.core.management import CommandError
-from django.db import connections
 
 from config.startup import system_checks_enforce
 from inference.engines.base import EngineDeadError
@@ -35,19 +34,6 @@ class InferenceServer(Worker):
         """No per-channel application instances to reap: the worker owns its tasks."""
 
 
-def database_connection_keep() -> None:
-    """On SQLite the worker keeps its database connection for its whole life. The web processes
-    open one per request (settings: `CONN_MAX_AGE` 0, since each request has a thread of its own),
-    but the worker touches the database from one thread only (`database_sync_to_async`'s), so
-    one kept connection is all it ever holds; opening one for every finished answer (SQLite
-    registers its functions and runs the WAL pragmas each time) took a fifth of its CPU when
-    2000 answers streamed at once. PostgreSQL's pool already reuses connections, and refuses
-    persistent ones."""
-    database = connections.settings["default"]
-    if database["ENGINE"] == "django.db.backends.sqlite3":
-        database["CONN_MAX_AGE"] = None
-
-
 class Command(ChannelsRunWorker):
     help = "Run the inference worker: `runworker inference`."
     worker_class = InferenceServer
@@ -55,7 +41,6 @@ class Command(ChannelsRunWorker):
     requires_system_checks = []
 
     def handle(self, *args, **options) -> None:
-        database_connection_keep()
         system_checks_enforce()
         try:
             super().handle(*args, **options)
