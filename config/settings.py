@@ -414,7 +414,11 @@ INFERENCE_MODEL = env_str("INFERENCE_MODEL", str(VAR_DIR / "models" / "SmolLM2-1
 INFERENCE_MODEL_NAME = env_str("INFERENCE_MODEL_NAME", Path(INFERENCE_MODEL).name)
 INFERENCE_MAX_NUM_SEQS = env_int("INFERENCE_MAX_NUM_SEQS", 16)
 INFERENCE_MAX_MODEL_LEN = env_int("INFERENCE_MAX_MODEL_LEN", 2048)
-INFERENCE_KV_CACHE_GIB = env_int("INFERENCE_KV_CACHE_GIB", 1)
+# What the engine computes in: "auto" is vLLM's choice (the model's dtype) on a GPU and on a CPU
+# that computes bfloat16 natively, float32 on one that does not (inference.engines.vllm.engine_dtype).
+INFERENCE_DTYPE = env_str("INFERENCE_DTYPE", "auto")
+# Room for 16 answers of 2048 tokens in float32 (half of it in bfloat16).
+INFERENCE_KV_CACHE_GIB = env_int("INFERENCE_KV_CACHE_GIB", 2)
 INFERENCE_GPU_MEMORY_UTILIZATION = env_float("INFERENCE_GPU_MEMORY_UTILIZATION", 0.9)
 VIP_RESERVED_SLOTS = env_int("VIP_RESERVED_SLOTS", 2)
 # A VIP job that finds every slot busy pauses the youngest normal (or batch) answer, which

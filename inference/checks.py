@@ -14,6 +14,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import DatabaseError
 
 ENGINES = ("vllm", "simulated")
+DTYPES = ("auto", "bfloat16", "float16", "float32")
 # After the drain: handing unfinished jobs back, and the engine's own shutdown (about 5 s for
 # vLLM on a CPU).
 STOP_AFTER_DRAIN_S = 10.0
@@ -103,6 +104,14 @@ def generation_check(**kwargs: Any) -> list[CheckMessage]:
                 f"INFERENCE_ENGINE = {settings.INFERENCE_ENGINE!r} is not an engine.",
                 hint=f"Set INFERENCE_ENGINE to one of: {', '.join(ENGINES)}.",
                 id="inference.E005",
+            )
+        )
+    if settings.INFERENCE_DTYPE not in DTYPES:
+        messages.append(
+            Error(
+                f"INFERENCE_DTYPE = {settings.INFERENCE_DTYPE!r} is not a dtype the engine computes in.",
+                hint=f"Set INFERENCE_DTYPE to one of: {', '.join(DTYPES)} (default auto).",
+                id="inference.E007",
             )
         )
     if settings.GENERATION_TIMEOUT_S <= 0:

@@ -28,6 +28,7 @@ def test_the_default_settings_pass():
         ({"WORKER_DRAIN_TIMEOUT_S": 40.0}, {"inference.E004"}),
         ({"WORKER_DRAIN_TIMEOUT_S": 35.0}, {"inference.W002"}),
         ({"INFERENCE_ENGINE": "vlm"}, {"inference.E005"}),
+        ({"INFERENCE_DTYPE": "bf16"}, {"inference.E007"}),
         ({"GENERATION_TIMEOUT_S": 0.0}, {"inference.E006"}),
     ],
 )

@@ -22,7 +22,7 @@ from django.conf import settings
 from tokenizers import Tokenizer
 
 from inference.engines.base import Continuation, Delta, EngineDeadError, GenerationRequest
-from inference.engines.vllm import VllmEngine, engine_args, server_flags
+from inference.engines.vllm import VllmEngine, engine_args, engine_dtype, server_flags
 from inference.model_prep import default_model_dir, prepare_model
 from scheduler.generation import SamplingParams, StructuredOutput
 
@@ -298,6 +298,14 @@ def test_a_raw_prompt_is_continued_without_the_chat_template(vllm_engine: Engine
     assert deltas[-1].prompt_tokens == len(tokenizer.encode(prompt).ids)
 
 
+def test_the_engine_computes_in_the_dtype_chosen_for_this_machine(vllm_engine: EngineOnLoop) -> None:
+    """What `vllm serve` in the differential tests is started with, too (server_flags)."""
+    chosen = engine_dtype("auto", on_gpu=False, cpuinfo=Path("/proc/cpuinfo").read_text())
+    engine = vllm_engine.engine._require_engine()
+    expected = "bfloat16" if chosen == "auto" else chosen
+    assert str(engine.model_config.dtype).removeprefix("torch.") == expected
+
+
 def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -> None:
     """Runs last in this module: it kills the shared engine's core process."""
     engine = vllm_engine.engine
@@ -341,3 +349,18 @@ def test_vllm_serve_given_the_server_flags_builds_the_workers_engine():
         if name not in own_defaults and vars(server)[name] != value
     }
     assert differing == {}
+
+
+# /proc/cpuinfo of this project's CI machines (AVX-512 without its BF16 extension) and of one with AMX.
+CPU_WITHOUT_BF16 = "processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw avx512_vnni\n"
+CPU_WITH_AMX = "processor\t: 0\nflags\t\t: fpu avx2 avx512f avx512_bf16 amx_bf16 amx_tile\n"
+ARM_WITH_BF16 = "processor\t: 0\nFeatures\t: fp asimd sve bf16 i8mm\n"
+
+
+def test_a_cpu_without_bfloat16_arithmetic_computes_in_float32_and_others_as_vllm_chooses():
+    assert engine_dtype("auto", on_gpu=False, cpuinfo=CPU_WITHOUT_BF16) == "float32"
+    assert engine_dtype("auto", on_gpu=False, cpuinfo=CPU_WITH_AMX) == "auto"
+    assert engine_dtype("auto", on_gpu=False, cpuinfo=ARM_WITH_BF16) == "auto"
+    assert engine_dtype("auto", on_gpu=True, cpuinfo="") == "auto"
+    # A dtype set on purpose is kept, whatever the CPU.
+    assert engine_dtype("bfloat16", on_gpu=False, cpuinfo=CPU_WITHOUT_BF16) == "bfloat16"
