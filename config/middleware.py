@@ -8,16 +8,18 @@ import itertools
 import logging
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
+from typing import IO, TYPE_CHECKING
 from weakref import WeakKeyDictionary
 
 from asgiref.sync import ThreadSensitiveContext, iscoroutinefunction, sync_to_async
 from django.conf import settings
+from django.core import signals
+from django.core.exceptions import RequestAborted
 from django.core.handlers import base
-from django.core.handlers.asgi import ASGIHandler
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse
-from django.urls import Resolver404, resolve
+from django.urls import Resolver404, resolve, set_script_prefix
 from django.utils.deprecation import MiddlewareMixin
 
 if TYPE_CHECKING:
@@ -136,17 +138,39 @@ class SyncViewGate:
 
 
 class SyncViewHandler(ASGIHandler):
-    """Django's ASGI handler with its middleware chain loaded in sync mode, the whole chain and
-    the view called in one hop to the request's thread-sensitive thread (SyncViewGate lends it),
-    as a WSGI server calls them. For sync views only: an async view would be run to its end in
-    that thread."""
+    """Django's ASGI handler serving a sync view as a WSGI server does: the `request_started`
+    signal, the request, the whole middleware chain (loaded in sync mode) and the view in one
+    hop to the request's thread-sensitive thread (SyncViewGate lends it); the response is sent
+    from the event loop, then closed (`request_finished`) in one more hop. Django's own handler
+    makes a hop for the signal before the one for the view, and runs the view beside a task that
+    listens for the client leaving, which cannot stop a sync view anyway. For sync views only: an
+    async view would be run to its end in that thread."""
 
     def __init__(self) -> None:
         base.BaseHandler.__init__(self)
         self.load_middleware(is_async=False)
 
-    async def get_response_async(self, request: HttpRequest) -> HttpResponseBase:
-        return await sync_to_async(self.get_response, thread_sensitive=True)(request)
+    async def handle(self, scope: Scope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        try:
+            response = await sync_to_async(self._respond, thread_sensitive=True)(scope, body_file)
+            try:
+                await self.send_response(response, send)
+            finally:
+                await sync_to_async(response.close, thread_sensitive=True)()
+        finally:
+            body_file.close()
+
+    def _respond(self, scope: Scope, body_file: IO[bytes]) -> HttpResponseBase:
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            return error_response
+        return self.get_response(request)
 
 
 async def _send(response: HttpResponse, send: ASGISendCallable) -> None:
