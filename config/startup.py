@@ -4,13 +4,20 @@ cannot work stop the process with a sentence on what to change, instead of traff
 for ever. Warnings are printed and the process starts.
 
 Processes that stream tokens then take what starting allocated out of the garbage collector's
-reach (`startup_heap_freeze`).
+reach (`startup_heap_freeze`). Web processes keep what every post reads fresh in a thread of
+their own (`hot_reads_keep_fresh`).
 """
 
 import gc
+import logging
 import sys
+import threading
+import time
 
 from django.core.management.base import BaseCommand, SystemCheckError
+from django.db import close_old_connections
+
+logger = logging.getLogger(__name__)
 
 
 def system_checks_enforce() -> None:
@@ -43,3 +50,39 @@ def startup_heap_freeze() -> None:
     gc.freeze()
     young, middle, _ = gc.get_threshold()
     gc.set_threshold(young, middle, GC_FULL_COLLECTION_EVERY)
+
+
+# Twice within the second that a post accepts for the canary split, the variants and the
+# knowledge base's version (scheduler.routing.CACHE_S, knowledge.index.VERSION_CHECK_S).
+HOT_READS_REFRESH_S = 0.5
+
+
+def _hot_reads_refresh() -> None:
+    from knowledge.index import current_index
+    from scheduler.routing import routing_refresh
+
+    try:
+        routing_refresh()
+        current_index.refresh()
+    except Exception:
+        # Posts read for themselves once their copies are a second old; the next round tries again.
+        logger.exception("refreshing the canary split, variants and help center index failed")
+    finally:
+        close_old_connections()  # a pooled connection (PostgreSQL) goes back to the pool
+
+
+def hot_reads_keep_fresh() -> threading.Thread:
+    """Read what every chat post needs (the canary split, the variants it routes to, the help
+    center's version and index) again twice a second, in a thread of this process. A post
+    accepts them at most a second old, and reading them cost the first post after a quiet second
+    two queries and a Redis round trip, about 2 ms of its time to first token; an index of a
+    changed help center is built here too, not in a post."""
+
+    def keep() -> None:
+        while True:
+            _hot_reads_refresh()
+            time.sleep(HOT_READS_REFRESH_S)
+
+    thread = threading.Thread(target=keep, name="hot-reads", daemon=True)
+    thread.start()
+    return thread

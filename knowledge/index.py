@@ -1,8 +1,9 @@
 """The process's retrieval index: every active chunk's embedding in one float32 matrix.
 
 Built from the database on first use and again whenever the knowledge-base version changes;
-each process reads the version at most once per VERSION_CHECK_S, so an edit made anywhere is
-searched everywhere within about a second. 10,000 chunks of 384 dimensions are 15 MB and one
+each process reads the version at most once per VERSION_CHECK_S (a web process twice as often,
+in a thread of its own: `refresh`), so an edit made anywhere is searched everywhere within about
+a second. 10,000 chunks of 384 dimensions are 15 MB and one
 matrix-vector product: numpy needs no approximate index at this size.
 """
 
@@ -86,16 +87,23 @@ class _CurrentIndex:
         self._index: KnowledgeIndex | None = None
         self._checked_at = 0.0
 
-    def get(self) -> KnowledgeIndex:
+    def get(self, *, max_age_s: float = VERSION_CHECK_S) -> KnowledgeIndex:
+        """The index of the knowledge base's version as read at most `max_age_s` ago."""
         now = time.monotonic()
         index = self._index
-        if index is not None and now - self._checked_at < VERSION_CHECK_S:
+        if index is not None and now - self._checked_at < max_age_s:
             return index
         with self._lock:
             if self._index is None or knowledge_base_version() != self._index.version:
                 self._index = index_build()
             self._checked_at = time.monotonic()
             return self._index
+
+    def refresh(self) -> None:
+        """Read the version again, and build the index of a new one, whatever the age: a web
+        process does it twice a second (config.startup.hot_reads_keep_fresh), so that a post
+        neither reads the version nor waits for an index of a changed help center."""
+        self.get(max_age_s=0)
 
     def forget(self) -> None:
         """The next search reads the database again (tests, and a process that just wrote)."""

@@ -6,7 +6,9 @@ Sticky without storage: a conversation's bucket is a hash of its id (salted per 
 only moves conversations from stable to candidate; a rollback (split 0) moves every one back.
 The split lives in the database (CanaryRouting), mirrored into Redis, and each process reads
 the mirror at most once a second, so a change applies everywhere within a second. The variants
-themselves are read from the database at most once a second too.
+themselves are read from the database at most once a second too. A web process reads both
+again twice a second in a thread of its own (`routing_refresh`, config.startup), so that a post
+never waits for them.
 """
 
 from __future__ import annotations
@@ -56,11 +58,11 @@ def canary_mirror() -> CanarySplit:
     return split
 
 
-def canary_split() -> CanarySplit:
+def canary_split(*, max_age_s: float = CACHE_S) -> CanarySplit:
     """The split as routing applies it: from the mirror, rebuilt from the database when Redis
     lost it, read from the database while Redis is unreachable (admission then refuses anyway,
-    with its own clear outcome)."""
-    if _cache and time.monotonic() - _cache[0][0] < CACHE_S:
+    with its own clear outcome). Read again when the process's copy is `max_age_s` old."""
+    if _cache and time.monotonic() - _cache[0][0] < max_age_s:
         return _cache[0][1]
     try:
         values = sync_redis().hgetall(keys.CANARY)
@@ -98,17 +100,28 @@ def variant_for(*, conversation_id: str) -> str:
 _variants: dict[str, tuple[float, Variant]] = {}
 
 
-def _variant_named(name: str) -> Variant | None:
-    """The variant as stored at most a second ago (the console may edit it), or None."""
+def _variant_named(name: str, *, max_age_s: float = CACHE_S) -> Variant | None:
+    """The variant as stored at most `max_age_s` ago (the console may edit it), or None."""
     if "\x00" in name:
         return None  # no variant's name has one, and PostgreSQL refuses a NUL in a query
     cached = _variants.get(name)
-    if cached is not None and time.monotonic() - cached[0] < CACHE_S:
+    if cached is not None and time.monotonic() - cached[0] < max_age_s:
         return cached[1]
     variant = Variant.objects.filter(name=name).first()
-    if variant is not None:
+    if variant is None:
+        _variants.pop(name, None)
+    else:
         _variants[name] = (time.monotonic(), variant)
     return variant
+
+
+def routing_refresh() -> None:
+    """Read the split and the variants this process routes to again, whatever their age: a web
+    process does it twice a second (config.startup.hot_reads_keep_fresh), so that its posts find
+    them less than a second old and read neither."""
+    split = canary_split(max_age_s=0)
+    for name in {split.stable_variant, split.candidate_variant, *_variants} - {""}:
+        _variant_named(name, max_age_s=0)
 
 
 def variant_for_conversation(*, conversation_id: str) -> Variant:

@@ -91,6 +91,28 @@ def test_a_variant_is_read_once_a_second_and_again_at_once_when_it_is_saved(djan
         variant_for_conversation(conversation_id=conversation)
 
 
+@pytest.mark.usefixtures("variants")
+def test_a_refreshed_process_routes_a_post_without_reading_and_sees_a_change_made_elsewhere(
+    django_assert_num_queries,
+):
+    """What a web process's hot-reads thread does twice a second (config.startup)."""
+    conversation = CONVERSATIONS[0]
+    routing.routing_refresh()
+    # An hour later by the copies' clocks, a post would read the split and its variant again...
+    stale = time.monotonic() - 3600
+    routing._cache[:] = [(stale, routing._cache[0][1])]
+    routing._variants.update({name: (stale, variant) for name, (_, variant) in routing._variants.items()})
+    routing.routing_refresh()
+    # ...but the refresh read them: the post reads nothing.
+    with django_assert_num_queries(0):
+        assert variant_for_conversation(conversation_id=conversation).name == "stable"
+    # An edit made by another process (no save signal here) is what the next refresh reads.
+    Variant.objects.filter(name="stable").update(system_prompt="Reply in one line.")
+    routing.routing_refresh()
+    with django_assert_num_queries(0):
+        assert variant_for_conversation(conversation_id=conversation).system_prompt == "Reply in one line."
+
+
 def test_during_a_canary_calls_that_need_a_tool_parser_stay_on_stable_when_the_candidate_has_none():
     Variant.objects.filter(name="stable").update(tool_call_parser="pythonic")
     routing.variants_forget()
