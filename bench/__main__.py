@@ -79,6 +79,7 @@ def main() -> None:
     )
     parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
     parser.add_argument("--rounds", type=int, default=3, help="overhead, peer, control: interleaved rounds")
+    parser.add_argument("--pairs", type=int, default=12, help="overhead: one-at-a-time pairs per round")
     parser.add_argument("--input-len", type=int, default=128, help="peer: the random dataset's prompt tokens")
     parser.add_argument("--output-len", type=int, default=64, help="peer: tokens per answer")
     parser.add_argument("--streams", default="200,1000,2000", help="fanout: stream counts")
@@ -223,17 +224,28 @@ def main() -> None:
     print(f"== {args.scenario} ==", flush=True)
     if args.scenario == "overhead":
         report = scenarios.overhead(
-            engine=args.engine, rounds=args.rounds, concurrencies=[1, 16], max_tokens=64
+            engine=args.engine, rounds=args.rounds, pairs=args.pairs, concurrency=16, max_tokens=64
         )
         name = f"overhead-{args.engine}"
         png = plots.overhead(report, args.out / f"{name}.png")
-        for c, row in report["table"].items():
-            print(
-                f"c={c:<3} TTFT p50 engine {row['engine_alone_ttft_p50_ms']:7.1f} ms  stack "
-                f"{row['stack_ttft_p50_ms']:7.1f} ms  (+{row['added_ttft_p50_ms']:.1f} ms)   tok/s engine "
-                f"{row['engine_alone_tokens_per_s']:7.1f}  stack {row['stack_tokens_per_s']:7.1f}  "
-                f"({row['throughput_ratio']:.0%})"
-            )
+        one, many = report["one_at_a_time"], report["at_once"]
+
+        def ms(distribution: dict) -> str:
+            return f"{(distribution['p50'] or 0) * 1000:.1f} ms"
+
+        print(
+            f"c=1  {one['pairs']} pairs: TTFT p50 engine alone {ms(one['engine_alone_ttft_s'])}, through the "
+            f"stack {ms(one['stack_ttft_s'])}; added p50 {ms(one['paired_difference_s'])} (within pairs), "
+            f"{ms(one['outside_engine_s'])} outside the engine (post {ms(one['post_s'])}, queue "
+            f"{ms(one['queue_s'])}); tok/s while writing engine {one['engine_alone_tokens_per_s']:.1f}, "
+            f"stack {one['stack_tokens_per_s']:.1f}"
+        )
+        print(
+            f"c={many['concurrency']} TTFT p50 engine {many['engine_alone_ttft_p50_s'] * 1000:.1f} ms, "
+            f"stack {many['stack_ttft_p50_s'] * 1000:.1f} ms; tok/s engine "
+            f"{many['engine_alone_tokens_per_s']:.1f}, stack {many['stack_tokens_per_s']:.1f} "
+            f"({many['throughput_ratio']:.0%})"
+        )
     elif args.scenario == "fanout":
         report = scenarios.fanout(streams=[int(s) for s in args.streams.split(",")], tokens=50)
         name = "fanout"

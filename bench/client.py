@@ -44,6 +44,9 @@ class StreamTrace:
     finish_reason: str | None = None
     closed_at: float | None = None
     queue_s: float | None = None  # the worker's count, from `done`: enqueued until it started
+    # The worker's count, from `done`: its engine call until the first token (the prompt's
+    # encoding included), what the engine alone is timed over.
+    engine_ttft_s: float | None = None
 
 
 class Session:
@@ -314,5 +317,7 @@ async def _read_events(
                 trace.finish_reason = end.finish_reason if isinstance(end, Done) else None
                 if isinstance(end, Done) and end.timings is not None:
                     trace.queue_s = end.timings.queue_ms / 1000
+                    if end.timings.ttft_ms is not None:
+                        trace.engine_ttft_s = end.timings.ttft_ms / 1000
                 return
     trace.outcome = "closed"

@@ -92,6 +92,7 @@ async def one_request(
         result = RequestResult(tier=tier, submitted_at=time.perf_counter(), status=0)
         results.append(result)
         response = await session.post_message(conversation, text)
+        result.posted_at = time.perf_counter()
         result.status = response.status
         if response.status != 202:
             result.finished_at = time.perf_counter()
@@ -101,6 +102,7 @@ async def one_request(
         result.finished_at = trace.closed_at
         result.outcome = trace.outcome
         result.queue_s = trace.queue_s
+        result.engine_ttft_s = trace.engine_ttft_s
         return result
     finally:
         pool.give_back(tier, session)

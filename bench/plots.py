@@ -30,41 +30,37 @@ def _save(figure, path: Path) -> Path:
     return path
 
 
+# Issue 16's target for what the stack adds to one customer's time to first token.
+ADDED_TTFT_TARGET_MS = 5
+
+
 def overhead(report: dict, path: Path) -> Path:
     plt = pyplot()
-    concurrencies = sorted(report["table"])
-    rows = [report["table"][c] for c in concurrencies]
-    figure, (ttft, tps) = plt.subplots(1, 2, figsize=(10, 4))
-    x = range(len(concurrencies))
+    one, many = report["one_at_a_time"], report["at_once"]
+    figure, (ttft, tps, added) = plt.subplots(1, 3, figsize=(15, 4))
+    labels = ["c=1", f"c={many['concurrency']}"]
+    x = range(len(labels))
     width = 0.38
-    ttft.bar(
-        [i - width / 2 for i in x], [r["engine_alone_ttft_p50_ms"] for r in rows], width, label="engine alone"
-    )
-    ttft.bar(
-        [i + width / 2 for i in x], [r["stack_ttft_p50_ms"] for r in rows], width, label="through the stack"
-    )
-    ttft.set(
-        xticks=list(x),
-        xticklabels=[f"c={c}" for c in concurrencies],
-        ylabel="TTFT p50 (ms)",
-        title="Time to first token",
-    )
-    tps.bar(
-        [i - width / 2 for i in x],
-        [r["engine_alone_tokens_per_s"] for r in rows],
-        width,
-        label="engine alone",
-    )
-    tps.bar(
-        [i + width / 2 for i in x], [r["stack_tokens_per_s"] for r in rows], width, label="through the stack"
-    )
-    tps.set(
-        xticks=list(x),
-        xticklabels=[f"c={c}" for c in concurrencies],
-        ylabel="output tokens/s",
-        title="Throughput",
-    )
-    tps.legend()
+    alone = [one["engine_alone_ttft_s"]["p50"] * 1000, many["engine_alone_ttft_p50_s"] * 1000]
+    stack = [one["stack_ttft_s"]["p50"] * 1000, many["stack_ttft_p50_s"] * 1000]
+    ttft.bar([i - width / 2 for i in x], alone, width, label="engine alone")
+    ttft.bar([i + width / 2 for i in x], stack, width, label="through the stack")
+    ttft.set(xticks=list(x), xticklabels=labels, ylabel="TTFT p50 (ms)", title="Time to first token")
+    ttft.legend()
+    alone = [one["engine_alone_tokens_per_s"], many["engine_alone_tokens_per_s"]]
+    stack = [one["stack_tokens_per_s"], many["stack_tokens_per_s"]]
+    tps.bar([i - width / 2 for i in x], alone, width, label="engine alone")
+    tps.bar([i + width / 2 for i in x], stack, width, label="through the stack")
+    tps.set(xticks=list(x), xticklabels=labels, ylabel="output tokens/s", title="Throughput")
+    # Each request through the stack: its time to first token less its engine call's.
+    outside = sorted(seconds * 1000 for seconds in one["outside_engine_each_s"])
+    added.hist(outside, bins=30, color="tab:orange")
+    target = ADDED_TTFT_TARGET_MS
+    added.axvline(target, color="black", linestyle="--", label=f"target {target} ms")
+    median = one["outside_engine_s"]["p50"] * 1000
+    added.axvline(median, color="tab:red", label=f"p50 {median:.1f} ms")
+    added.set(xlabel="ms", ylabel="requests", title="c=1: added outside the engine, per request")
+    added.legend()
     figure.suptitle(f"Overhead of the stack ({report['engine']} engine)")
     return _save(figure, path)
 

@@ -19,7 +19,7 @@ import psutil
 import redis.asyncio as aioredis
 
 from bench.client import Session
-from bench.load import SessionPool, fixed_concurrency, poisson
+from bench.load import Progress, SessionPool, fixed_concurrency, one_request, poisson
 from bench.stats import RequestResult, distribution, percentile, summarize
 from launcher.stack import Stack
 from scheduler import keys
@@ -75,9 +75,10 @@ def running(stack_env: dict[str, str], *, worker: bool = True):
 
 
 async def _engine_alone(
-    engine: Any, *, concurrency: int, requests: int, max_tokens: int
+    engine: Any, *, concurrency: int, requests: int, max_tokens: int, first: int = 0
 ) -> tuple[list, float]:
-    """The same prompts straight into the engine, in this process: the ceiling."""
+    """The same prompts straight into the engine, in this process: the ceiling. Questions
+    `first` onwards, as the stack's requests number them."""
     from django.conf import settings
 
     from inference.engines.base import GenerationRequest
@@ -89,7 +90,7 @@ async def _engine_alone(
     # count a longer prefill against the stack.
     stack_system_prompt = f"{settings.CHAT_SYSTEM_PROMPT}\n\n{NO_HELP_CENTER_MATCH_PROMPT}"
     results: list[RequestResult] = []
-    counter = iter(range(requests))
+    counter = iter(range(first, first + requests))
 
     async def user() -> None:
         for n in counter:
@@ -116,11 +117,62 @@ async def _engine_alone(
     return results, time.perf_counter() - started
 
 
-def overhead(*, engine: str, rounds: int, concurrencies: list[int], max_tokens: int) -> dict:
+async def _alternating(
+    engine: Any, pool: SessionPool, *, pairs: int, max_tokens: int, label: str
+) -> list[tuple[RequestResult, RequestResult]]:
+    """One customer at a time: a question straight into the engine, then the same question
+    through the stack, `pairs` times. Side by side, a pair shares the machine's state of the
+    moment (other work, the engine's caches), which the difference then leaves out."""
+    done: list[tuple[RequestResult, RequestResult]] = []
+    stack_results: list[RequestResult] = []
+    async with Progress(label, stack_results, pairs):
+        for n in range(pairs):
+            [alone], _ = await _engine_alone(
+                engine, concurrency=1, requests=1, max_tokens=max_tokens, first=n
+            )
+            through = await one_request(pool, "normal", question(n), stack_results, timeout_s=600)
+            done.append((alone, through))
+    return done
+
+
+def _added_ttft(pairs: list[tuple[RequestResult, RequestResult]]) -> dict:
+    """What the stack adds to the time to first token of one customer at a time, two ways: the
+    difference within each pair (the target's measure: it also counts any slowing of the engine
+    by the stack's processes beside it), and, within each request through the stack, its time
+    to first token less the worker's own count of its engine call (the post, the queue and the
+    token's way back alone, free of the engine's spread from one request to the next)."""
+    measured = [(a, s) for a, s in pairs if a.ttft_s is not None and s.ttft_s is not None]
+    through = [s for _, s in measured]
+    outside = [s.ttft_s - s.engine_ttft_s for s in through if s.engine_ttft_s is not None]
+    return {
+        "pairs": len(measured),
+        "engine_alone_ttft_s": distribution([a.ttft_s for a, _ in measured]),
+        "stack_ttft_s": distribution([s.ttft_s for s in through]),
+        "paired_difference_s": distribution([s.ttft_s - a.ttft_s for a, s in measured]),
+        "outside_engine_s": distribution(outside),
+        "outside_engine_each_s": outside,
+        # Parts of it: the post until its answer (202) arrives, and the queue by the worker's
+        # count; the rest is the token's way back (and the post's answer overlapping the queue).
+        "post_s": distribution([s.posted_at - s.submitted_at for s in through if s.posted_at is not None]),
+        "queue_s": distribution([s.queue_s for s in through if s.queue_s is not None]),
+        "engine_in_worker_ttft_s": distribution([s.engine_ttft_s for s in through if s.engine_ttft_s]),
+    }
+
+
+def _answer_tokens_per_s(results: list[RequestResult]) -> float:
+    """One customer at a time: the tokens of the answers over the time they took to write."""
+    spans = [(len(r.token_times), r.token_times[-1] - r.token_times[0]) for r in results if r.token_times]
+    return sum(tokens - 1 for tokens, _ in spans) / max(sum(span for _, span in spans), 1e-9)
+
+
+def overhead(*, engine: str, rounds: int, pairs: int, concurrency: int, max_tokens: int) -> dict:
+    """The same engine alone and through the whole stack: one customer at a time, in pairs (the
+    first round warms both paths and is left out), and `concurrency` customers at once, in
+    blocks measured back to back."""
     env = {
         **UNLIMITED,
         "INFERENCE_ENGINE": engine,
-        "INFERENCE_MAX_NUM_SEQS": str(max(concurrencies)),
+        "INFERENCE_MAX_NUM_SEQS": str(concurrency),
         "VIP_RESERVED_SLOTS": "0",
         "GENERATION_MAX_TOKENS": str(max_tokens),
         "GENERATION_TEMPERATURE": "0",
@@ -134,7 +186,8 @@ def overhead(*, engine: str, rounds: int, concurrencies: list[int], max_tokens: 
     django.setup()
     from inference.engines import build_engine
 
-    runs: dict[str, dict[int, list[dict]]] = {"engine": {}, "stack": {}}
+    paired: list[list[tuple[RequestResult, RequestResult]]] = []
+    runs: dict[str, list[dict]] = {"engine": [], "stack": []}
     with running(env) as stack:
 
         async def main() -> None:
@@ -142,53 +195,63 @@ def overhead(*, engine: str, rounds: int, concurrencies: list[int], max_tokens: 
             print("  starting the engine alone in this process...", flush=True)
             await direct_engine.start()
             pool = SessionPool(stack.base_url)
-            await pool.fill("normal", max(concurrencies))
-            for round_number in range(rounds):
-                for concurrency in concurrencies:
-                    requests = max(2 * concurrency, 8)
-                    # warm both paths once, then measure them back to back
-                    results, duration = await _engine_alone(
-                        direct_engine, concurrency=concurrency, requests=requests, max_tokens=max_tokens
-                    )
-                    runs["engine"].setdefault(concurrency, []).append(
-                        summarize(results, duration_s=duration, ttft_slo_s=1, tpot_slo_s=1)
-                    )
-                    print(f"  round {round_number + 1} c={concurrency}: engine alone done", flush=True)
-                    results, duration = await fixed_concurrency(
+            await pool.fill("normal", concurrency)
+            for round_number in range(1, rounds + 1):
+                paired.append(
+                    await _alternating(
+                        direct_engine,
                         pool,
-                        concurrency=concurrency,
-                        requests=requests,
-                        tier="normal",
-                        prompt=question,
-                        timeout_s=600,
-                        label=f"round {round_number + 1} c={concurrency} stack",
+                        pairs=pairs,
+                        max_tokens=max_tokens,
+                        label=f"round {round_number} c=1, alone and through the stack in turn",
                     )
-                    runs["stack"].setdefault(concurrency, []).append(
-                        summarize(results, duration_s=duration, ttft_slo_s=1, tpot_slo_s=1)
-                    )
+                )
+                requests = 2 * concurrency
+                results, duration = await _engine_alone(
+                    direct_engine, concurrency=concurrency, requests=requests, max_tokens=max_tokens
+                )
+                runs["engine"].append(summarize(results, duration_s=duration, ttft_slo_s=1, tpot_slo_s=1))
+                print(f"  round {round_number} c={concurrency}: engine alone done", flush=True)
+                results, duration = await fixed_concurrency(
+                    pool,
+                    concurrency=concurrency,
+                    requests=requests,
+                    tier="normal",
+                    prompt=question,
+                    timeout_s=600,
+                    label=f"round {round_number} c={concurrency} stack",
+                )
+                runs["stack"].append(summarize(results, duration_s=duration, ttft_slo_s=1, tpot_slo_s=1))
             pool.close()
             await direct_engine.shutdown()
 
         asyncio.run(main())
 
-    table = {}
-    for concurrency in concurrencies:
-        engine_runs, stack_runs = runs["engine"][concurrency], runs["stack"][concurrency]
-        # The first round warms caches on both paths; report the median of the others.
-        measured = slice(1, None) if rounds > 1 else slice(None)
-        engine_ttft = _median([r["all"]["ttft_s"]["p50"] for r in engine_runs[measured]])
-        stack_ttft = _median([r["all"]["ttft_s"]["p50"] for r in stack_runs[measured]])
-        engine_tps = _median([r["all"]["output_tokens_per_s"] for r in engine_runs[measured]])
-        stack_tps = _median([r["all"]["output_tokens_per_s"] for r in stack_runs[measured]])
-        table[concurrency] = {
-            "engine_alone_ttft_p50_ms": engine_ttft * 1000,
-            "stack_ttft_p50_ms": stack_ttft * 1000,
-            "added_ttft_p50_ms": (stack_ttft - engine_ttft) * 1000,
+    # The first round warms caches on both paths; report the others.
+    measured = slice(1, None) if rounds > 1 else slice(None)
+    one_at_a_time = [pair for pairs_of_round in paired[measured] for pair in pairs_of_round]
+    added = _added_ttft(one_at_a_time)
+    engine_tps = _median([r["all"]["output_tokens_per_s"] for r in runs["engine"][measured]])
+    stack_tps = _median([r["all"]["output_tokens_per_s"] for r in runs["stack"][measured]])
+    return {
+        "engine": engine,
+        "rounds": rounds,
+        "max_tokens": max_tokens,
+        "one_at_a_time": {
+            **added,
+            "engine_alone_tokens_per_s": _answer_tokens_per_s([a for a, _ in one_at_a_time]),
+            "stack_tokens_per_s": _answer_tokens_per_s([s for _, s in one_at_a_time]),
+        },
+        "at_once": {
+            "concurrency": concurrency,
+            "engine_alone_ttft_p50_s": _median([r["all"]["ttft_s"]["p50"] for r in runs["engine"][measured]]),
+            "stack_ttft_p50_s": _median([r["all"]["ttft_s"]["p50"] for r in runs["stack"][measured]]),
             "engine_alone_tokens_per_s": engine_tps,
             "stack_tokens_per_s": stack_tps,
             "throughput_ratio": stack_tps / engine_tps,
-        }
-    return {"engine": engine, "rounds": rounds, "max_tokens": max_tokens, "table": table, "runs": runs}
+        },
+        "runs": runs,
+    }
 
 
 def _median(values: list[float]) -> float:

@@ -15,6 +15,8 @@ class RequestResult:
     finished_at: float | None = None
     outcome: str = "refused"  # done | error:<code> | timeout | disconnected | refused
     queue_s: float | None = None  # in the queue, by the worker's count (excludes posting, relay)
+    engine_ttft_s: float | None = None  # the worker's engine call until its first token
+    posted_at: float | None = None  # perf_counter when the post's answer (202) arrived
 
     @property
     def ttft_s(self) -> float | None:
