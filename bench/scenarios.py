@@ -117,19 +117,29 @@ async def _engine_alone(
     return results, time.perf_counter() - started
 
 
+# vLLM's engine processes poll their shared-memory queues for a second after their last step
+# (each its own core's worth on this machine), and a question that comes within it shares the
+# 2 cores with them: the other engine's poller then slowed a prefill fivefold. One customer at
+# a time means a pause between questions; this one outlasts the polling.
+QUIET_S = 1.5
+
+
 async def _alternating(
     engine: Any, pool: SessionPool, *, pairs: int, max_tokens: int, label: str
 ) -> list[tuple[RequestResult, RequestResult]]:
     """One customer at a time: a question straight into the engine, then the same question
-    through the stack, `pairs` times. Side by side, a pair shares the machine's state of the
-    moment (other work, the engine's caches), which the difference then leaves out."""
+    through the stack, `pairs` times, each once both engines are quiet. Side by side, a pair
+    shares the machine's state of the moment (other work, the engine's caches), which the
+    difference then leaves out."""
     done: list[tuple[RequestResult, RequestResult]] = []
     stack_results: list[RequestResult] = []
     async with Progress(label, stack_results, pairs):
         for n in range(pairs):
+            await asyncio.sleep(QUIET_S)
             [alone], _ = await _engine_alone(
                 engine, concurrency=1, requests=1, max_tokens=max_tokens, first=n
             )
+            await asyncio.sleep(QUIET_S)
             through = await one_request(pool, "normal", question(n), stack_results, timeout_s=600)
             done.append((alone, through))
     return done
@@ -156,6 +166,8 @@ def _added_ttft(pairs: list[tuple[RequestResult, RequestResult]]) -> dict:
         "post_s": distribution([s.posted_at - s.submitted_at for s in through if s.posted_at is not None]),
         "queue_s": distribution([s.queue_s for s in through if s.queue_s is not None]),
         "engine_in_worker_ttft_s": distribution([s.engine_ttft_s for s in through if s.engine_ttft_s]),
+        # Each pair as it ran: the engine alone's TTFT, the stack's, and its engine call's.
+        "each_pair_s": [(a.ttft_s, s.ttft_s, s.engine_ttft_s) for a, s in measured],
     }
 
 
