@@ -76,8 +76,10 @@ def fanout(report: dict, path: Path) -> Path:
     tps.legend()
     # Per arrival: tokens that reach the reader together count once, so a relay that catches up
     # in large writes is not flattered by the zero gaps between the tokens of one write.
-    itl.plot(counts, [(r["bare"]["itl_s"]["p99"] or 0) * 1000 for r in rows], "o-", label="bare")
+    bare_itl = [(r["bare"]["itl_s"]["p99"] or 0) * 1000 for r in rows]
+    itl.plot(counts, bare_itl, "o-", label="bare")
     itl.plot(counts, [(r["stack"]["itl_s"]["p99"] or 0) * 1000 for r in rows], "o-", label="stack")
+    itl.plot(counts, [2 * ms for ms in bare_itl], "k--", linewidth=1, label="target: at most 2x bare")
     itl.set(xlabel="concurrent streams", ylabel="ms (p99)", title="Gap between arrivals of text")
     itl.legend()
     whole.plot(counts, [r["bare"]["last_token_s"]["p99"] for r in rows], "o-", label="bare")

@@ -77,10 +77,11 @@ class SyncViewGate:
     another to join it, on the event loop: under a burst on busy cores those starts held up
     the loop, and with it the streams' connections.
 
-    And a sync view runs as a WSGI server runs it: Django's middleware chain in its sync mode
-    and the view, in one hop to the turn's thread (`SyncViewHandler`), not a hop between thread
-    and loop for each middleware before the view and after it (about half the web's CPU of a
-    chat post went to those hops).
+    And a sync view runs as a WSGI server runs it: the `request_started` signal, Django's
+    middleware chain in its sync mode and the view, in one hop to the turn's thread
+    (`SyncViewHandler`), not a hop for the signal, then one between thread and loop for each
+    middleware before the view and after it (about half the web's CPU of a chat post went to
+    those hops).
 
     Async views pass the gate, to Django's own ASGI handler (`app`): the API's completions,
     which hold what they admit until their answer ends (a bound on them would be a bound on
