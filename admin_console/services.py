@@ -33,7 +33,7 @@ from knowledge.quality import (
     QualityScore,
     VariantSettings,
     answers_collect,
-    quality_prompts,
+    conversations_load,
     queue_answerer,
 )
 from scheduler import control
@@ -55,7 +55,7 @@ VARIANT_FIELDS = (
     "frequency_penalty",
     "max_tokens",
     "knowledge",
-    "unknown_reply",
+    "answer_style",
     "tool_call_parser",
     "description",
 )
@@ -464,7 +464,10 @@ def quality_run_start(*, actor: User, variant: str) -> QualityRun:
     row = Variant.objects.filter(name=variant).first()
     if row is None:
         raise ConsoleError(f"No variant {variant!r}.")
-    if row.model not in {w.model for w in live_workers() if not w.state.get("draining")}:
+    answered_by_model = row.answer_style != Variant.AnswerStyle.EXTRACTIVE
+    if answered_by_model and row.model not in {
+        w.model for w in live_workers() if not w.state.get("draining")
+    }:
         raise ConsoleError(
             f"No live worker serves {variant!r} (model {row.model!r}): its questions would go unanswered."
         )
@@ -487,8 +490,8 @@ def quality_run_execute(*, run_id: int, answerer: Answerer | None = None) -> Qua
     QUALITY_RUN_TIMEOUT_S is stored as failed."""
     run = QualityRun.objects.get(pk=run_id)
     variant = VariantSettings(**run.variant_settings)
-    prompts = quality_prompts(variant=variant)
-    QualityRun.objects.filter(pk=run_id).update(questions=len(prompts))
+    conversations = conversations_load()
+    QualityRun.objects.filter(pk=run_id).update(questions=sum(len(c.turns) for c in conversations))
 
     async def progress(done: int, total: int) -> None:
         await database_sync_to_async(QualityRun.objects.filter(pk=run_id).update)(answered=done)
@@ -496,7 +499,7 @@ def quality_run_execute(*, run_id: int, answerer: Answerer | None = None) -> Qua
     async def collect() -> QualityScore:
         async with asyncio.timeout(settings.QUALITY_RUN_TIMEOUT_S):
             return await answers_collect(
-                prompts,
+                conversations,
                 variant=variant,
                 answerer=answerer or queue_answerer(variant=variant.name, model=variant.model),
                 progress=progress,
@@ -659,15 +662,27 @@ def _article_values(article: Article) -> dict[str, Any]:
         "slug": article.slug,
         "title": article.title,
         "status": article.status,
+        "language": article.language,
+        "translation_of": article.translation_of.slug if article.translation_of else None,
         "body_chars": len(article.body),
         "body_sha256": hashlib.sha256(article.body.encode()).hexdigest()[:12],
     }
 
 
-def article_create(*, actor: User | None, slug: str, title: str, body: str) -> Article:
+def article_create(
+    *,
+    actor: User | None,
+    slug: str,
+    title: str,
+    body: str,
+    language: str = Article.Language.EN,
+    translation_of: Article | None = None,
+) -> Article:
     """Raises ValidationError, or knowledge.embedding.EmbedderUnavailable."""
     with transaction.atomic():
-        article = knowledge_services.article_create(slug=slug, title=title, body=body)
+        article = knowledge_services.article_create(
+            slug=slug, title=title, body=body, language=language, translation_of=translation_of
+        )
         _audit(
             actor=actor,
             action=AuditLog.Action.ARTICLE_CREATE,

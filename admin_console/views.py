@@ -100,12 +100,14 @@ def _variants_page(
     status: int = 200,
 ) -> HttpResponse:
     quality = selectors.quality_latest_by_variant()
+    grounding = selectors.grounding_by_variant()
     rows = [
         (
             bound
             if bound is not None and bound.instance.name == variant.name
             else VariantForm(instance=variant, prefix=variant.name),
             quality.get(variant.name),
+            grounding.get(variant.name),
         )
         for variant in selectors.variants()
     ]

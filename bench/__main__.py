@@ -93,7 +93,7 @@ def main() -> None:
         help="scheduling: the modes to run (comma-separated)",
     )
     parser.add_argument("--tabs", default="1,10,50", help="console: staff tabs open at once")
-    parser.add_argument("--chunks", type=int, default=10_000, help="retrieval: chunks in the index")
+    parser.add_argument("--sentences", type=int, default=10_000, help="retrieval: sentences in the index")
     parser.add_argument("--queries", type=int, default=500, help="retrieval, cache: questions timed")
     parser.add_argument("--entries", type=int, default=10_000, help="cache: cached questions")
     parser.add_argument("--spares", type=int, default=3, help="autoscale: the warm pool's size")
@@ -105,13 +105,9 @@ def main() -> None:
     parser.add_argument("--posts", type=int, default=150, help="post: sequential posts timed per client")
     parser.add_argument("--profile", action="store_true", help="post: also profile the signed-in posts")
     parser.add_argument(
-        "--sweep", action="store_true", help="quality: also sweep system prompts and temperatures"
+        "--styles", default="extractive,verified,generated", help="quality: the answer styles to measure"
     )
-    parser.add_argument(
-        "--cache-similarity",
-        default="",
-        help="quality: thresholds to run the result cache's row at, e.g. 0.88,0.8 (default: the setting's)",
-    )
+    parser.add_argument("--runs", type=int, default=3, help="quality: runs of each style")
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line for every request otherwise
@@ -170,10 +166,10 @@ def main() -> None:
         from bench.retrieval import retrieval
 
         print("== retrieval ==", flush=True)
-        report = retrieval(chunks=args.chunks, queries=args.queries)
+        report = retrieval(sentences=args.sentences, queries=args.queries)
         latency = report["latency_ms"]
         print(
-            f"{report['chunks']} chunks ({report['real_chunks']} from the demo help center), "
+            f"{report['sentences']} sentences ({report['real_sentences']} from the demo help center), "
             f"{report['queries']} questions: p50 {latency['p50']:.2f} ms, p99 {latency['p99']:.2f} ms, "
             f"max {latency['max']:.2f} ms; index built in {report['index_build_s']:.2f} s"
         )
@@ -186,24 +182,26 @@ def main() -> None:
 
         plots.pyplot()
         print("== quality ==", flush=True)
-        similarities = tuple(float(value) for value in args.cache_similarity.split(",") if value)
-        report = quality(sweep=args.sweep, cache_similarities=similarities)
-        for run in report["runs"]:
+        report = quality(styles=tuple(args.styles.split(",")), runs=args.runs)
+        print(
+            f"{report['turns']} turns in {report['conversations']} conversations, {report['runs']} runs each"
+        )
+        for style, row in report["summary"].items():
+            for name, figures in row["sets"].items():
+                print(
+                    f"{style:<10} {name:<7} right {figures['answered_right']['median']:.3f} "
+                    f"declined {figures['declined_right']['median']:.3f} "
+                    f"invented {figures['invented']['median']:.3f} "
+                    f"language {figures['language']['median']:.3f}"
+                )
+            tps = row["tokens_per_s"]
             print(
-                f"{run['name']:<45} overall {run['overall']:.3f}  facts {run['facts']:.3f}  "
-                f"source {run['sources']:.3f}  don't know {run['dont_know']:.3f}  "
-                f"language {run['language']:.3f}  failed {run['failed']}"
+                f"{style:<10} TTFT p50 {row['ttft_ms_p50']['median']:.0f} ms "
+                f"({row['ttft_ms_p50']['min']:.0f}-{row['ttft_ms_p50']['max']:.0f}), p90 "
+                f"{row['ttft_ms_p90']['median']:.0f} ms, added over generated "
+                f"{row.get('added_ttft_ms_p50', 0):+.0f} ms"
+                + (f", {tps['median']:.1f} tokens/s" if tps else "")
             )
-            if "cache" in run:
-                cache = run["cache"]
-                print(f"  served from the result cache: {cache['hits']}/{run['questions']}")
-                for served in cache["served_questions"]:
-                    source = ", ".join(served["served_from"]) or "?"
-                    answer = served["through_cache"]["answer"][:80]
-                    print(f"    {served['id']} ({served['match']}, the answer to {source}): {answer!r}")
-        if "best" in report:
-            best = report["best"]
-            print(f"best: {best['prompt']} at temperature {best['temperature']:g} ({best['overall']:.3f})")
         args.out.mkdir(parents=True, exist_ok=True)
         png = plots.quality(report, args.out / "quality.png")
         _report_write(report, args.out / "quality.json", plot=png)

@@ -217,41 +217,63 @@ def autoscale(report: dict, path: Path) -> Path:
 
 
 def quality(report: dict, path: Path) -> Path:
-    """The default variant's rows, part by part; beside them, with `--sweep`, the overall score
-    of each system prompt by frequency penalty (greedy)."""
+    """Per answer style and question set: answered right, declined right and answers with an
+    invented fact (medians of the runs, the spread as error bars); beside them the time to the
+    first text shown."""
     plt = pyplot()
-    runs = [run for run in report["runs"] if "penalty" not in run["name"]]
-    swept = [run for run in report["runs"] if "penalty" in run["name"] and run["temperature"] == 0]
-    parts = ["facts", "sources", "dont_know", "language", "readable", "overall"]
-    figure, (bars, sweep) = plt.subplots(
-        1, 2, figsize=(13, 4.5), gridspec_kw={"width_ratios": [3, 1.4]} if swept else None
+    summary = report["summary"]
+    styles = list(summary)
+    sets = list(next(iter(summary.values()))["sets"])
+    parts = [
+        ("answered_right", "answered right"),
+        ("declined_right", "declined right"),
+        ("invented", "invented"),
+    ]
+    figure, axes = plt.subplots(
+        1,
+        len(sets) + 1,
+        figsize=(5 * len(sets) + 4, 4.5),
+        gridspec_kw={"width_ratios": [3] * len(sets) + [2]},
     )
-    width = 0.8 / len(runs)
-    for i, run in enumerate(runs):
-        bars.bar(
-            [p + (i - len(runs) / 2 + 0.5) * width for p in range(len(parts))],
-            [run.get(p, 0) for p in parts],
-            width,
-            label=run["name"],
-        )
-    bars.set(
-        xticks=list(range(len(parts))),
-        xticklabels=["facts", "source quoted", "don't know", "language", "readable", "overall"],
-        ylim=(0, 1),
-        ylabel="share right",
-        title=f"Quality score, {report['model']}, {report['questions']} questions",
-    )
-    bars.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1), ncol=2)
-    if swept:
-        for prompt in sorted({run["prompt"] for run in swept}):
-            points = sorted(
-                (run["frequency_penalty"], run["overall"]) for run in swept if run["prompt"] == prompt
+    width = 0.8 / len(styles)
+    for axis, name in zip(axes, sets, strict=False):
+        for i, style in enumerate(styles):
+            figures = [summary[style]["sets"][name][part] for part, _ in parts]
+            medians = [f["median"] for f in figures]
+            errors = [
+                [m - f["min"] for m, f in zip(medians, figures, strict=True)],
+                [f["max"] - m for m, f in zip(medians, figures, strict=True)],
+            ]
+            axis.bar(
+                [p + (i - len(styles) / 2 + 0.5) * width for p in range(len(parts))],
+                medians,
+                width,
+                yerr=errors,
+                label=style,
             )
-            sweep.plot([x for x, _ in points], [y for _, y in points], marker="o", label=prompt)
-        sweep.set(xlabel="frequency penalty", ylabel="overall", title="Sweep, temperature 0")
-        sweep.legend(fontsize=7)
-    else:
-        sweep.axis("off")
+        axis.set(
+            xticks=list(range(len(parts))),
+            xticklabels=[label for _, label in parts],
+            ylim=(0, 1),
+            ylabel="share of questions",
+            title=f"{name} set",
+        )
+        axis.axhline(0.8, color="grey", linewidth=0.5, linestyle=":")
+        axis.legend(fontsize=8)
+    ttft = axes[-1]
+    medians = [summary[style]["ttft_ms_p50"]["median"] for style in styles]
+    ttft.bar(
+        styles,
+        medians,
+        yerr=[
+            [m - summary[s]["ttft_ms_p50"]["min"] for m, s in zip(medians, styles, strict=True)],
+            [summary[s]["ttft_ms_p50"]["max"] - m for m, s in zip(medians, styles, strict=True)],
+        ],
+    )
+    ttft.set(ylabel="ms", title="Time to first shown text, p50")
+    figure.suptitle(
+        f"Answer styles on {report['turns']} customer questions ({report['model']}, {report['runs']} runs)"
+    )
     return _save(figure, path)
 
 

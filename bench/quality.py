@@ -1,13 +1,16 @@
-"""`python -m bench quality`: the quality score (knowledge.quality) of the real model with the
-chat's default variant: without the help center, with it (and, for comparison, with the model
-itself telling customers it does not know, instead of the help center's reply), and with it
-through the result cache as customers are served; `--sweep` adds a sweep of system prompts,
-frequency penalties and temperatures.
+"""`python -m bench quality`: the quality score (knowledge.quality) of each answer style on the
+question sets, measured as the chat answers: the help center's own sentences (extractive), the
+model's answer checked sentence by sentence (verified), the model's answer unchecked
+(generated). For each, per set (tuning, and the held-out set never used to tune): answered
+right, declined right, answers with an invented fact, answers in the customer's language; and
+the time to the first text a customer is shown, and the model's tokens/s, against `generated`.
 
-A private SQLite database gets the demo help center, really embedded; one vLLM engine runs in
-this process and answers every run, its questions batched. The sweep's best configuration is
-what settings ship as CHAT_SYSTEM_PROMPT, GENERATION_TEMPERATURE and
-GENERATION_FREQUENCY_PENALTY.
+A private SQLite database gets the demo help center (four languages, really embedded); one vLLM
+engine runs in this process and answers the model styles (16 conversations at a time, so it
+batches), a verified answer checked with the worker's own knowledge.grounding.AnswerChecker.
+Every style runs `--runs` times (three by default); each figure is reported as the median and
+the spread of the runs. Greedy decoding gives the same answers each run: the spread is the
+machine's, in the timings.
 """
 
 from __future__ import annotations
@@ -15,34 +18,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
+import statistics
 import tempfile
 import time
+import uuid
 from io import StringIO
 from pathlib import Path
 from typing import Any
 
-# The system prompts the sweep tries: the one shipped before this benchmark, and two that ask
-# for what the score checks (exact figures, the customer's language, brevity).
-SYSTEM_PROMPTS = {
-    "shop-assistant": (
-        "You are the customer-service assistant of an online shop. Answer in a few sentences."
-    ),
-    "exact-figures": (
-        "You are the customer-service assistant of Larkspur Home, an online shop. Answer in one "
-        "or two short sentences and give the exact figures (prices, days, percentages) from the "
-        "help center. Always reply in the language of the customer's message."
-    ),
-    "brief-same-language": (
-        "You are a customer-service assistant. Reply in the same language as the customer, "
-        "briefly and exactly."
-    ),
-}
-FREQUENCY_PENALTIES = (0.0, 0.5, 1.0, 1.5)
-TEMPERATURES = (0.3, 0.7)  # swept at the default prompt and penalty; the rest at 0
-NO_HELP_CENTER = "no help center"
-HELP_CENTER = "help center"
-MODEL_SAYS_UNKNOWN = "help center, the model says it does not know"
-THROUGH_CACHE = "help center + result cache"
+from bench.stats import percentile
+
+STYLES = ("extractive", "verified", "generated")
+PARTS = ("answered_right", "declined_right", "invented", "language")
 
 
 def _database(workdir: Path) -> None:
@@ -54,185 +41,155 @@ def _database(workdir: Path) -> None:
 
     call_command("migrate", "--no-input", verbosity=0)
     demo = Path(__file__).resolve().parent.parent / "knowledge" / "demo_help_center"
+    started = time.perf_counter()
     call_command("import_articles", str(demo), stdout=StringIO())
+    print(f"imported the demo help center in {time.perf_counter() - started:.0f} s", flush=True)
 
 
-def _sweep_runs(default_penalty: float) -> list[dict[str, Any]]:
-    greedy = [
-        {"prompt": prompt, "temperature": 0.0, "frequency_penalty": penalty}
-        for prompt in SYSTEM_PROMPTS
-        for penalty in FREQUENCY_PENALTIES
-    ]
-    sampled = [
-        {"prompt": "default", "temperature": temperature, "frequency_penalty": default_penalty}
-        for temperature in TEMPERATURES
-    ]
-    return [
-        {
-            **run,
-            "name": f"help center, {run['prompt']}, T={run['temperature']:g}, "
-            f"penalty {run['frequency_penalty']:g}",
-            "use_help_center": True,
-        }
-        for run in greedy + sampled
-    ]
+@dataclasses.dataclass
+class _EngineUse:
+    """What the model styles' answers cost the engine: output tokens and seconds of answering."""
+
+    tokens: int = 0
+    seconds: float = 0.0
 
 
-def _served_detail(cached: dict[str, Any], fresh: dict[str, Any]) -> list[dict[str, Any]]:
-    """Each question the cache answered in the row `cached`: how it matched, whose answer it got
-    (the misses that wrote the same text), and its grade against the one the model earned for it
-    without the cache (the row `fresh`)."""
-    served = cached["cache"]["served"]
-    through_cache = {r["id"]: r for r in cached["results"]}
-    without_cache = {r["id"]: r for r in fresh["results"]}
-    return [
-        {
-            "id": question_id,
-            "match": match,
-            "served_from": [
-                r["id"]
-                for r in through_cache.values()
-                if r["id"] not in served and r["answer"] == through_cache[question_id]["answer"]
-            ],
-            "through_cache": through_cache[question_id],
-            "without_cache": without_cache[question_id.removesuffix("#again")],
-        }
-        for question_id, match in served.items()
-    ]
+def engine_answerer(engine: Any, use: _EngineUse) -> Any:
+    """Answers from an engine in this process, as a worker does: a verified answer is shown
+    sentence by sentence once checked (knowledge.grounding), and the time to its first shown
+    text is its TTFT."""
+    from inference.engines.base import GenerationRequest
+    from knowledge.grounding import AnswerChecker
+    from knowledge.quality import ModelAnswer
+
+    async def answer(messages, sampling, grounding) -> ModelAnswer:
+        request = GenerationRequest(
+            request_id=f"quality-{uuid.uuid4()}", messages=messages, sampling=sampling
+        )
+        checker = AnswerChecker(grounding) if grounding is not None else None
+        started = time.perf_counter()
+        ttft_ms = None
+        shown: list[str] = []
+        finish_reason = None
+        output_tokens = 0
+        async for delta in engine.generate(request):
+            text = delta.text if checker is None else checker.feed(delta.text)
+            if text and ttft_ms is None:
+                ttft_ms = (time.perf_counter() - started) * 1000
+            shown.append(text)
+            finish_reason = delta.finish_reason or finish_reason
+            output_tokens = delta.output_tokens
+        if checker is not None:
+            rest = checker.finish(cut_off=finish_reason == "length")
+            if rest and ttft_ms is None:
+                ttft_ms = (time.perf_counter() - started) * 1000
+            shown.append(rest)
+        use.tokens += output_tokens
+        use.seconds += time.perf_counter() - started
+        declined = checker is not None and checker.declined
+        return ModelAnswer("".join(shown), declined=declined, ttft_ms=ttft_ms)
+
+    return answer
 
 
-def quality(*, sweep: bool = False, cache_similarities: tuple[float, ...] = ()) -> dict[str, Any]:
-    """`cache_similarities`: the thresholds of semantic matches to run the cache's row at
-    (default: ANSWER_CACHE_MIN_SIMILARITY alone)."""
+def _spread(values: list[float]) -> dict[str, float]:
+    return {
+        "median": round(statistics.median(values), 4),
+        "min": round(min(values), 4),
+        "max": round(max(values), 4),
+    }
+
+
+def quality(*, styles: tuple[str, ...] = STYLES, runs: int = 3) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="bench-quality-") as workdir:
         _database(Path(workdir))
         from django.conf import settings
-        from django.test import override_settings
 
-        from bench.answering import cached_answers_collect, engine_answerer
-        from inference.engines import build_engine
-        from knowledge.quality import VariantSettings, answers_collect, quality_prompts, quality_questions
+        from knowledge.quality import VariantSettings, answers_collect, conversations_load
         from scheduler.models import Variant
 
-        questions = quality_questions()
-        # The chat's default variant, as the migrations write it from the settings.
-        stable = Variant.objects.get(name="stable")
-        default = VariantSettings.of(stable)
-        similarities = cache_similarities or (settings.ANSWER_CACHE_MIN_SIMILARITY,)
-        runs: list[dict[str, Any]] = [
-            {"name": NO_HELP_CENTER, "use_help_center": False},
-            {"name": HELP_CENTER, "use_help_center": True},
-            {"name": MODEL_SAYS_UNKNOWN, "use_help_center": True, "unknown_reply": False},
-        ]
-        for similarity in similarities:
-            name = THROUGH_CACHE
-            if similarity != settings.ANSWER_CACHE_MIN_SIMILARITY:
-                name += f", similarity >= {similarity:g}"
-            runs.append({"name": name, "use_help_center": True, "cache_similarity": similarity})
-        for run in runs:
-            run.update(
-                prompt="default",
-                temperature=default.temperature,
-                frequency_penalty=default.frequency_penalty,
-            )
-        if sweep:
-            runs += _sweep_runs(default.frequency_penalty)
-        planned = []
-        for n, run in enumerate(runs):
-            if "cache_similarity" in run:
-                # A variant of its own per threshold, the same in all but its name, so that each
-                # row starts with an empty cache.
-                cache_variant = Variant.objects.get(pk=stable.pk)
-                cache_variant.pk, cache_variant.name = None, f"{stable.name}-cache-{n}"
-                cache_variant.save()
-                planned.append((run, cache_variant, []))
-                continue
-            variant = dataclasses.replace(
-                default,
-                name=run["name"],
-                use_help_center=run["use_help_center"],
-                unknown_reply=run.get("unknown_reply", default.unknown_reply),
-                temperature=run["temperature"],
-                frequency_penalty=run["frequency_penalty"],
-            )
-            if run["prompt"] != "default":
-                variant = dataclasses.replace(variant, assistant_prompt=SYSTEM_PROMPTS[run["prompt"]])
-            planned.append((run, variant, quality_prompts(variant=variant, questions=questions)))
+        conversations = conversations_load()
+        turns = sum(len(c.turns) for c in conversations)
+        stable = VariantSettings.of(Variant.objects.get(name="stable"))
+        model_styles = [style for style in styles if style != "extractive"]
 
-        async def ask_all() -> list[dict[str, Any]]:
-            engine = build_engine()
-            print(f"starting {engine.label} in this process...", flush=True)
-            await engine.start()
-            answerer = engine_answerer(engine)
-            rows = []
+        async def ask_all() -> dict[str, list[dict[str, Any]]]:
+            engine = None
+            if model_styles:
+                from inference.engines import build_engine
+
+                engine = build_engine()
+                print(f"starting {engine.label} in this process...", flush=True)
+                await engine.start()
+            measured: dict[str, list[dict[str, Any]]] = {style: [] for style in styles}
             try:
-                for n, (run, variant, prompts) in enumerate(planned, 1):
-                    started = time.perf_counter()
+                for run in range(1, runs + 1):
+                    for style in styles:
+                        use = _EngineUse()
+                        answerer = engine_answerer(engine, use) if engine is not None else None
+                        variant = dataclasses.replace(stable, answer_style=style)
+                        started = time.perf_counter()
 
-                    def progress(done: int, total: int, n: int = n) -> None:
-                        if done % 12 == 0 or done == total:
-                            print(f"  run {n}/{len(planned)}: {done}/{total} answered", flush=True)
+                        def progress(done: int, total: int, style: str = style, run: int = run) -> None:
+                            if done % 40 == 0 or done == total:
+                                print(f"  run {run}/{runs} {style}: {done}/{total} answered", flush=True)
 
-                    cache: dict[str, Any] | None = None
-                    if isinstance(variant, Variant):
-                        with override_settings(ANSWER_CACHE_MIN_SIMILARITY=run["cache_similarity"]):
-                            cached = await cached_answers_collect(
-                                questions, variant=variant, engine=engine, progress=progress
-                            )
-                        score = cached.score
-                        cache = {
-                            "hits": len(cached.served),
-                            "hit_rate": cached.hit_rate,
-                            "served": cached.served,
-                        }
-                    else:
                         score = await answers_collect(
-                            prompts, variant=variant, answerer=answerer, progress=progress
+                            conversations, variant=variant, answerer=answerer, progress=progress
                         )
-                    elapsed = time.perf_counter() - started
-                    hits = f"  hits {cache['hits']}/{score.questions}" if cache is not None else ""
-                    print(
-                        f"{run['name']:<45} overall {score.overall:.3f}  facts {score.facts:.3f}  "
-                        f"source {score.sources:.3f}  don't know {score.dont_know:.3f}  "
-                        f"language {score.language:.3f}  readable {score.readable:.3f}{hits}  "
-                        f"({elapsed:.0f} s)",
-                        flush=True,
-                    )
-                    row = {
-                        **run,
-                        **score.breakdown(),
-                        "seconds": round(elapsed, 1),
-                        "results": [dataclasses.asdict(result) for result in score.results],
-                    }
-                    if cache is not None:
-                        row["cache"] = cache
-                    rows.append(row)
+                        ttfts = [r.ttft_ms for r in score.results if r.ttft_ms is not None and not r.declined]
+                        measured[style].append(
+                            {
+                                **score.breakdown(),
+                                "seconds": round(time.perf_counter() - started, 1),
+                                "ttft_ms_p50": round(percentile(ttfts, 50) or 0, 1),
+                                "ttft_ms_p90": round(percentile(ttfts, 90) or 0, 1),
+                                "tokens_per_s": round(use.tokens / use.seconds, 1) if use.seconds else None,
+                                "results": [dataclasses.asdict(r) for r in score.results] if run == 1 else [],
+                            }
+                        )
+                        row = measured[style][-1]
+                        print(
+                            f"{style:<10} run {run}: right {row['answered_right']:.3f}  declined "
+                            f"{row['declined_right']:.3f}  invented {row['invented']:.3f}  held-out right "
+                            f"{row['sets']['heldout']['answered_right']:.3f} declined "
+                            f"{row['sets']['heldout']['declined_right']:.3f} invented "
+                            f"{row['sets']['heldout']['invented']:.3f}  "
+                            f"TTFT p50 {row['ttft_ms_p50']:.0f} ms  ({row['seconds']:.0f} s)",
+                            flush=True,
+                        )
             finally:
-                await engine.shutdown()
-            return rows
+                if engine is not None:
+                    await engine.shutdown()
+            return measured
 
-        rows = asyncio.run(ask_all())
-    fresh = next(row for row in rows if row["name"] == HELP_CENTER)
-    for row in rows:
-        if "cache" in row:
-            row["cache"]["served_questions"] = _served_detail(row, fresh)
-    report: dict[str, Any] = {
-        "model": os.path.basename(settings.INFERENCE_MODEL),
-        "questions": len(questions),
-        "unanswerable": sum(q.unanswerable for q in questions),
-        "not_english": sum(q.language != "en" for q in questions),
-        "default_variant": default.as_dict(),
-        "cache_min_similarity": settings.ANSWER_CACHE_MIN_SIMILARITY,
-        "runs": rows,
-    }
-    if sweep:
-        swept = [row for row in rows if row["name"].startswith("help center, ") and "penalty" in row["name"]]
-        best = max(swept, key=lambda row: row["overall"])
-        report["system_prompts"] = SYSTEM_PROMPTS
-        report["best"] = {
-            "prompt": best["prompt"],
-            "temperature": best["temperature"],
-            "frequency_penalty": best["frequency_penalty"],
-            "overall": best["overall"],
+        measured = asyncio.run(ask_all())
+    summary: dict[str, Any] = {}
+    for style, rows in measured.items():
+        sets = {
+            name: {part: _spread([row["sets"][name][part] for row in rows]) for part in PARTS}
+            for name in rows[0]["sets"]
         }
-    return report
+        summary[style] = {
+            "sets": sets,
+            "overall": _spread([row["overall"] for row in rows]),
+            "ttft_ms_p50": _spread([row["ttft_ms_p50"] for row in rows]),
+            "ttft_ms_p90": _spread([row["ttft_ms_p90"] for row in rows]),
+            "tokens_per_s": _spread([row["tokens_per_s"] for row in rows])
+            if rows[0]["tokens_per_s"]
+            else None,
+            "failed": max(row["failed"] for row in rows),
+        }
+    if "generated" in summary:
+        base = summary["generated"]["ttft_ms_p50"]["median"]
+        for row in summary.values():
+            row["added_ttft_ms_p50"] = round(row["ttft_ms_p50"]["median"] - base, 1)
+    return {
+        "model": os.path.basename(str(settings.INFERENCE_MODEL)),
+        "turns": turns,
+        "conversations": len(conversations),
+        "runs": runs,
+        "styles": list(styles),
+        "summary": summary,
+        "measured": measured,
+    }

@@ -1,11 +1,13 @@
-"""`python -m bench retrieval`: how long the web process takes to find a question's excerpts.
+"""`python -m bench retrieval`: how long the web process takes to answer a question from the
+help center without a model (the extractive style), or to find a model's excerpts.
 
-A private SQLite database gets the demo help center (real articles, really embedded) and
-filler chunks up to the size asked for. The filler rows are random unit vectors: a search
-multiplies the whole matrix by the question whatever its values, so they cost what real
-chunks cost, without minutes of embedding. Each query is timed through
-knowledge.selectors.help_center_excerpts, the call chat prompts make: embed the question with
-onnxruntime, check the knowledge-base version (at most once a second), search, pick excerpts.
+A private SQLite database gets the demo help center (real articles in four languages, really
+embedded) and filler sentences up to the size asked for. The filler rows are random unit
+vectors: a search multiplies the whole matrix by the question whatever its values, so they cost
+what real sentences cost, without minutes of embedding. Each query is timed through
+knowledge.answers.answer_plan, the call a chat post makes: embed the question (multilingual e5),
+check the knowledge-base version (at most once a second), rank the sentences, decide whether
+the help center answers, and quote it.
 """
 
 from __future__ import annotations
@@ -50,51 +52,58 @@ def _database(workdir: Path) -> None:
     call_command("import_articles", str(demo), stdout=StringIO())
 
 
-def _fill(total_chunks: int) -> int:
-    """Add random unit-vector chunks until the index holds `total_chunks`; returns the real ones."""
+def _fill(total_sentences: int) -> int:
+    """Add random unit-vector sentences (one passage each) until the index holds
+    `total_sentences`; returns the real ones."""
     from django.db.models import F
 
     from knowledge.embedding import EMBEDDING_DIM
-    from knowledge.models import Article, Chunk, KnowledgeBase
+    from knowledge.models import Article, Chunk, KnowledgeBase, Sentence
 
-    real = Chunk.objects.count()
+    real = Sentence.objects.count()
     filler = Article.objects.create(slug="filler", title="Filler", body="Filler.")
     rng = np.random.default_rng(7)
-    for start in range(0, max(total_chunks - real, 0), 2000):
-        count = min(2000, total_chunks - real - start)
+    for start in range(0, max(total_sentences - real, 0), 2000):
+        count = min(2000, total_sentences - real - start)
         vectors = rng.standard_normal((count, EMBEDDING_DIM)).astype(np.float32)
         vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
-        Chunk.objects.bulk_create(
+        chunks = Chunk.objects.bulk_create(
             Chunk(article=filler, position=start + i, text="filler", embedding=vector.tobytes())
             for i, vector in enumerate(vectors)
+        )
+        Sentence.objects.bulk_create(
+            Sentence(chunk=chunk, position=0, text="filler", embedding=vector.tobytes())
+            for chunk, vector in zip(chunks, vectors, strict=True)
         )
     KnowledgeBase.objects.filter(pk=1).update(version=F("version") + 1)
     return real
 
 
-def retrieval(*, chunks: int, queries: int) -> dict:
+def retrieval(*, sentences: int, queries: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-retrieval-") as workdir:
         _database(Path(workdir))
-        real = _fill(chunks)
+        real = _fill(sentences)
+        from knowledge.answers import answer_plan
         from knowledge.index import current_index, index_build
-        from knowledge.selectors import help_center_excerpts
+        from scheduler.models import Variant
 
+        variant = Variant(name="bench", model="-", system_prompt="", temperature=0, top_p=1, max_tokens=1)
         started = time.perf_counter()
         index = index_build()
         build_s = time.perf_counter() - started
-        help_center_excerpts(question="warm-up")  # loads the ONNX session and the index
+        answer_plan(variant=variant, message="warm-up")  # loads the embedding model and the index
         latencies_ms: list[float] = []
         answered = 0
         for n in range(queries):
             question = QUESTIONS[n % len(QUESTIONS)]
             started = time.perf_counter()
-            found = help_center_excerpts(question=question)
+            plan = answer_plan(variant=variant, message=question)
             latencies_ms.append((time.perf_counter() - started) * 1000)
-            answered += bool(found.excerpts)
+            answered += not plan.declined
         current_index.forget()
     return {
-        "chunks": len(index.chunks),
-        "real_chunks": real,
+        "sentences": len(index.sentences),
+        "real_sentences": real,
         "queries": queries,
         "answered_queries": answered,
         "index_build_s": round(build_s, 3),

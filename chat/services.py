@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 import uuid
 from dataclasses import dataclass
 from datetime import timedelta
@@ -21,9 +20,9 @@ from accounts.models import User
 from chat.models import Conversation, Message
 from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
-from knowledge.prompts import SystemPrompt, system_prompt_build, unknown_reply
+from knowledge.answers import answer_plan
 from scheduler import control
-from scheduler.admission import HELP_CENTER, Admission, KnownAnswer, request_admit, request_admit_known
+from scheduler.admission import Admission, request_admit, request_admit_known
 from scheduler.generation import GenerationJob, Origin, Tier
 from scheduler.models import CacheResult, Generation, Variant
 from scheduler.routing import variant_for_conversation
@@ -115,15 +114,16 @@ def _first_turn(conversation: Conversation) -> bool:
 
 def _cache_lookup(conversation: Conversation, text: str, variant: Variant) -> _CacheLookup | None:
     """The result cache's lookup for a conversation's first message, or None when the cache may
-    not answer it: off, personal data in it, or no embedding model."""
-    if not settings.ANSWER_CACHE_ENABLED:
+    not answer it: off, an extractive variant (its answers cost no model), personal data in it,
+    or no embedding model."""
+    if not settings.ANSWER_CACHE_ENABLED or variant.answer_style == Variant.AnswerStyle.EXTRACTIVE:
         return None
     if answer_cache.question_personal(text, names=answer_cache.account_names(conversation.owner)):
         return None
     try:
         vector = knowledge_selectors.question_vector(text)
     except knowledge_selectors.EmbedderUnavailable:
-        return None  # system_prompt_build says so, for a variant that uses the help center
+        return None  # the answer is the decline (knowledge.answers)
     context = answer_cache.chat_context(variant)
     lookup = answer_cache.answer_lookup(variant=variant.name, context=context, question=text, vector=vector)
     return _CacheLookup(context, vector, lookup)
@@ -136,38 +136,22 @@ def _question_vector(text: str) -> np.ndarray | None:
         return None
 
 
-def _prompt_messages(
-    conversation: Conversation, text: str, system_prompt: SystemPrompt, *, first: bool
-) -> tuple[list[dict[str, str]], list[dict[str, str]]]:
-    """The system prompt (`knowledge.prompts.system_prompt_build`: the variant's prompt and the
-    help center's excerpts on the message), as much recent history as fits the room the
-    excerpts leave, then the new message: the prompt must leave room for the answer inside the
-    model's context. Also returns the articles quoted. A `first` message has no history."""
-    recent = (
-        []
-        if first
-        else conversation.messages.filter(
-            Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE)
-        )
+def _history(conversation: Conversation) -> tuple[list[dict[str, str]], list[str]]:
+    """The conversation so far as a model reads it (the customer's messages and the answers
+    that finished, oldest first, at most CHAT_HISTORY_MESSAGES), and the articles the last
+    answer quoted (its follow-up is likely about them)."""
+    recent = list(
+        conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
         .annotate(text=Coalesce("generation__text", "content"))
         .exclude(text="")
         .order_by("-created_at", "-id")
-        .values("role", "text")[: settings.CHAT_HISTORY_MESSAGES]
+        .values("role", "text", "sources")[: settings.CHAT_HISTORY_MESSAGES]
     )
-    history: list[dict[str, str]] = []
-    budget = settings.CHAT_HISTORY_MAX_CHARS - system_prompt.excerpt_chars
-    for message in recent:
-        budget -= len(message["text"])
-        if budget < 0:
-            break
-        history.append({"role": message["role"], "content": message["text"]})
-    history.reverse()
-    messages = [
-        {"role": "system", "content": system_prompt.text},
-        *history,
-        {"role": "user", "content": text},
-    ]
-    return messages, [source.as_dict() for source in system_prompt.sources]
+    recent.reverse()
+    history = [{"role": message["role"], "content": message["text"]} for message in recent]
+    answers = [message for message in recent if message["role"] == Message.Role.ASSISTANT]
+    previous_sources = [source["slug"] for source in answers[-1]["sources"]] if answers else []
+    return history, previous_sources
 
 
 def message_post(
@@ -181,10 +165,11 @@ def message_post(
     """Persist the user's message and queue its answer; a new conversation (conversation_new)
     is saved with it.
 
-    A first message may be answered from the result cache (knowledge.cache) instead, or, when
-    the help center has nothing on it and the variant says so, with the reply that we do not
-    know (knowledge.prompts.unknown_reply): the same record, messages and stream, with no
-    queue and no worker.
+    How it is answered is the variant's answer style's (knowledge.answers): the help center's
+    own sentences, the decline or a greeting are answered at once without the model; a model's
+    answer is queued (checked sentence by sentence by the worker for the verified style). A
+    first message to a model may be answered from the result cache (knowledge.cache). Each way
+    has the same record, messages and stream.
 
     Raises MessageRejected, ConversationBusy, or scheduler.admission.AdmissionRefused; on any
     refusal nothing of this message stays behind, nor a conversation saved for it.
@@ -196,31 +181,32 @@ def message_post(
     first = _first_turn(conversation)
     # The result cache and retrieval are CPU work: done before the transaction, they hold no lock.
     cached = _cache_lookup(conversation, text, variant) if first else None
-    known = cached.lookup.answer if cached is not None else None  # answered without the model
-    system_prompt = None
+    known = cached.lookup.answer if cached is not None else None
+    plan = None
     if known is None:
-        started = time.perf_counter()
-        system_prompt = system_prompt_build(
-            question=text,
-            assistant_prompt=variant.system_prompt,
-            use_help_center=variant.knowledge,
+        history, previous_sources = ([], []) if first else _history(conversation)
+        plan = answer_plan(
+            variant=variant,
+            message=text,
+            history=history,
+            previous_sources=previous_sources,
             vector=cached.vector if cached is not None else None,
         )
-        if first and variant.unknown_reply and system_prompt.found_nothing:
-            lookup_ms = (time.perf_counter() - started) * 1000
-            known = KnownAnswer(unknown_reply(text), HELP_CENTER, lookup_ms=lookup_ms, completion_tokens=0)
+        known = plan.known
     with transaction.atomic():
         if is_new:
             # Nobody sees the conversation before this commits: no answer can be in progress.
             _conversation_insert(conversation)
         else:
             _conversation_take_turn(conversation)
-        if known is not None:  # no prompt to store: the record keeps the question alone
-            sources = cached.lookup.sources if system_prompt is None and cached is not None else []
+        if plan is None:  # from the cache: the record keeps the question alone
+            assert cached is not None
+            messages, sources = [{"role": "user", "content": text}], cached.lookup.sources
+        elif known is not None:
             messages = [{"role": "user", "content": text}]
+            sources = [source.as_dict() for source in plan.sources]
         else:
-            assert system_prompt is not None
-            messages, sources = _prompt_messages(conversation, text, system_prompt, first=first)
+            messages, sources = plan.messages, [source.as_dict() for source in plan.sources]
         job = GenerationJob(
             request_id=str(request_id),
             origin=Origin.CHAT,
@@ -231,6 +217,7 @@ def message_post(
             variant=variant.name,
             model=variant.model,
             disconnect_grace_s=settings.STREAM_DISCONNECT_GRACE_S,
+            grounding=plan.grounding if plan is not None else None,
         )
         user_message, assistant_message = Message.objects.bulk_create(
             [
@@ -257,14 +244,15 @@ def message_post(
                 conversation.delete()
         raise
     if cached is not None and known is None:
-        assert system_prompt is not None
-        kb_version = system_prompt.kb_version
+        assert plan is not None
         answer_cache.answer_remember(
             variant=variant.name,
             context=cached.context,
             question=text,
             vector=cached.vector,
-            kb_version=knowledge_selectors.knowledge_base_version() if kb_version is None else kb_version,
+            kb_version=knowledge_selectors.knowledge_base_version()
+            if plan.kb_version is None
+            else plan.kb_version,
             help_center=variant.knowledge,
             source_slugs=[source["slug"] for source in sources],
             request_id=job.request_id,

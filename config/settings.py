@@ -251,25 +251,28 @@ CHAT_SYSTEM_PROMPT = env_str(
     "CHAT_SYSTEM_PROMPT",
     "You are a customer-service assistant. Reply in the same language as the customer, briefly and exactly.",
 )
+# How the `stable` variant answers when the database is created (later, the console edits it):
+# `extractive` (the help center's own sentences, no model), `verified` (a model's answer,
+# checked sentence by sentence) or `generated` (a model's answer, unchecked). Chosen by the
+# quality score (docs/BENCHMARKS.md, "Grounded answers").
+CHAT_ANSWER_STYLE = env_str("CHAT_ANSWER_STYLE", "extractive")
 
 # --- knowledge (the help center the answers come from) ----------------------------------
-# The sentence-embedding model as an ONNX folder (`manage.py prepare_embedder` writes it).
-KNOWLEDGE_EMBEDDING_MODEL = Path(
-    env_str("KNOWLEDGE_EMBEDDING_MODEL", str(VAR_DIR / "models" / "all-MiniLM-L6-v2-onnx"))
-)
-# Cosine similarity an excerpt needs to count as relevant to a question: all-MiniLM-L6-v2
-# scores off-topic questions below 0.25 against the demo help center, and on-topic ones 0.35 to 0.8.
-KNOWLEDGE_MIN_SCORE = env_float("KNOWLEDGE_MIN_SCORE", 0.3)
+# Cosine similarity (multilingual e5) a passage needs to count as relevant to a question:
+# what an answer of the `generated` style quotes, and what an article edit checks cached
+# answers against. e5 scores unrelated questions about 0.80 against the demo help center.
+KNOWLEDGE_MIN_SCORE = env_float("KNOWLEDGE_MIN_SCORE", 0.8)
 KNOWLEDGE_MAX_EXCERPTS = env_int("KNOWLEDGE_MAX_EXCERPTS", 3)
 # Excerpts take their room from CHAT_HISTORY_MAX_CHARS, so the prompt's size stays the same.
 KNOWLEDGE_PROMPT_MAX_CHARS = env_int("KNOWLEDGE_PROMPT_MAX_CHARS", 1200)
 GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
 # The result cache (knowledge/cache.py): first-turn questions answered again from an earlier
-# good answer, without a GPU slot. A paraphrase matches at this cosine similarity or more:
-# all-MiniLM-L6-v2 scored near-misses (refund vs return policy, cancel vs change an order) up
-# to 0.79 and close paraphrases from 0.92 (docs/BENCHMARKS.md, "Result cache").
+# good answer of a model, without a GPU slot. A paraphrase matches at this cosine similarity or
+# more: multilingual e5 scores near-misses (refund vs return policy, cancel vs change an order)
+# up to 0.963 and close paraphrases from 0.898, so only very close wordings match
+# (docs/BENCHMARKS.md, "Result cache").
 ANSWER_CACHE_ENABLED = env_bool("ANSWER_CACHE_ENABLED", True)
-ANSWER_CACHE_MIN_SIMILARITY = env_float("ANSWER_CACHE_MIN_SIMILARITY", 0.88)
+ANSWER_CACHE_MIN_SIMILARITY = env_float("ANSWER_CACHE_MIN_SIMILARITY", 0.97)
 
 # --- generation and streaming -------------------------------------------------------------
 GENERATION_MAX_TOKENS = env_int("GENERATION_MAX_TOKENS", 256)

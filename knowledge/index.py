@@ -1,61 +1,79 @@
-"""The process's retrieval index: every active chunk's embedding in one float32 matrix.
+"""The process's retrieval index: every active article's passages and sentences, their
+embeddings in two float32 matrices, and each language's lexicon (knowledge.terms).
 
 Built from the database on first use and again whenever the knowledge-base version changes;
 each process reads the version at most once per VERSION_CHECK_S (a web process twice as often,
 in a thread of its own: `refresh`), so an edit made anywhere is searched everywhere within about
-a second. 10,000 chunks of 384 dimensions are 15 MB and one
-matrix-vector product: numpy needs no approximate index at this size.
+a second. The demo help center in four languages is about 300 passages and 850 sentences;
+10,000 sentences of 384 dimensions are 15 MB and one matrix-vector product: numpy needs no
+approximate index at this size.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from knowledge.embedding import EMBEDDING_DIM
-from knowledge.models import Article, Chunk, KnowledgeBase
+from knowledge.facts import facts
+from knowledge.models import Article, Chunk, KnowledgeBase, Sentence
+from knowledge.terms import Lexicon, terms
 
 VERSION_CHECK_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
-class IndexedChunk:
+class IndexedArticle:
     slug: str
     title: str
+    language: str
+    # The slug of the original this one translates (its own slug for an original): the same
+    # article in every language shares it.
+    original: str
+
+
+@dataclass(frozen=True, slots=True)
+class IndexedChunk:
+    article: int  # into KnowledgeIndex.articles
     heading: str
     text: str
 
 
 @dataclass(frozen=True, slots=True)
-class Hit:
-    chunk: IndexedChunk
-    score: float  # cosine similarity with the question
+class IndexedSentence:
+    chunk: int  # into KnowledgeIndex.chunks
+    position: int
+    text: str
+    terms: frozenset[str]  # with its article's title and its section's heading
+    fact_kinds: frozenset[str]  # the kinds of the facts it states (knowledge.facts)
 
 
+@dataclass
 class KnowledgeIndex:
-    def __init__(self, *, version: int, chunks: list[IndexedChunk], matrix: np.ndarray) -> None:
-        self.version = version
-        self.chunks = chunks
-        self.matrix = matrix
+    version: int
+    articles: list[IndexedArticle] = field(default_factory=list)
+    chunks: list[IndexedChunk] = field(default_factory=list)
+    sentences: list[IndexedSentence] = field(default_factory=list)
+    chunk_matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, EMBEDDING_DIM), np.float32))
+    sentence_matrix: np.ndarray = field(default_factory=lambda: np.zeros((0, EMBEDDING_DIM), np.float32))
+    # Per sentence: its chunk and its article (indexes), for scoring without Python loops.
+    sentence_chunk: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sentence_article: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    article_terms: list[frozenset[str]] = field(default_factory=list)
+    lexicons: dict[str, Lexicon] = field(default_factory=dict)
 
-    @classmethod
-    def empty(cls, version: int) -> KnowledgeIndex:
-        return cls(version=version, chunks=[], matrix=np.zeros((0, EMBEDDING_DIM), dtype=np.float32))
+    @property
+    def languages(self) -> set[str]:
+        return {article.language for article in self.articles}
 
-    def search(self, query: np.ndarray, *, limit: int, min_score: float) -> list[Hit]:
-        """The `limit` best chunks scoring at least `min_score`, best first."""
-        if not self.chunks or limit <= 0:
-            return []
-        # einsum's own loop, not BLAS: OpenBLAS's threads for a matrix-vector product this small
-        # fight onnxruntime and the other requests for the cores, and made the p99 of a whole
-        # retrieval (embed + search) 5 times longer in `python -m bench retrieval`.
-        scores = np.einsum("ij,j->i", self.matrix, query)
-        best = np.argpartition(scores, -limit)[-limit:] if len(scores) > limit else np.arange(len(scores))
-        best = best[np.argsort(scores[best])[::-1]]
-        return [Hit(self.chunks[i], float(scores[i])) for i in best if scores[i] >= min_score]
+    def article_of(self, sentence: int) -> IndexedArticle:
+        return self.articles[int(self.sentence_article[sentence])]
+
+    def chunk_of(self, sentence: int) -> IndexedChunk:
+        return self.chunks[int(self.sentence_chunk[sentence])]
 
 
 def knowledge_base_version() -> int:
@@ -63,22 +81,64 @@ def knowledge_base_version() -> int:
     return KnowledgeBase.objects.values_list("version", flat=True).filter(pk=1).first() or 0
 
 
-def index_build() -> KnowledgeIndex:
-    version = knowledge_base_version()
-    rows = Chunk.objects.filter(article__status=Article.Status.ACTIVE).values_list(
-        "article__slug", "article__title", "heading", "text", "embedding"
-    )
-    chunks: list[IndexedChunk] = []
-    vectors: list[bytes] = []
-    for slug, title, heading, text, embedding in rows.iterator(chunk_size=2000):
-        chunks.append(IndexedChunk(slug, title, heading, text))
-        vectors.append(bytes(embedding))
-    if not chunks:
-        return KnowledgeIndex.empty(version)
+def _matrix(vectors: list[bytes]) -> np.ndarray:
     # A copy: numpy's own allocation is aligned for BLAS, a view into the joined bytes is not,
     # and a search over an unaligned matrix measured 20 times slower.
-    matrix = np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(chunks), EMBEDDING_DIM).copy()
-    return KnowledgeIndex(version=version, chunks=chunks, matrix=matrix)
+    return np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), EMBEDDING_DIM).copy()
+
+
+def index_build() -> KnowledgeIndex:
+    version = knowledge_base_version()
+    index = KnowledgeIndex(version=version)
+    active = Article.objects.filter(status=Article.Status.ACTIVE)
+    article_at: dict[int, int] = {}
+    for pk, slug, title, language, original in active.values_list(
+        "pk", "slug", "title", "language", "translation_of__slug"
+    ).order_by("pk"):
+        article_at[pk] = len(index.articles)
+        index.articles.append(IndexedArticle(slug, title, language, original or slug))
+    chunk_at: dict[int, int] = {}
+    chunk_vectors: list[bytes] = []
+    for pk, article_id, heading, text, embedding in (
+        Chunk.objects.filter(article__in=active)
+        .order_by("article_id", "position")
+        .values_list("pk", "article_id", "heading", "text", "embedding")
+        .iterator(chunk_size=2000)
+    ):
+        chunk_at[pk] = len(index.chunks)
+        index.chunks.append(IndexedChunk(article_at[article_id], heading, text))
+        chunk_vectors.append(bytes(embedding))
+    sentence_vectors: list[bytes] = []
+    sentence_chunk: list[int] = []
+    words_of_article: list[set[str]] = [set() for _ in index.articles]
+    for chunk_id, position, text, embedding in (
+        Sentence.objects.filter(chunk__article__in=active)
+        .order_by("chunk_id", "position")
+        .values_list("chunk_id", "position", "text", "embedding")
+        .iterator(chunk_size=2000)
+    ):
+        chunk = chunk_at[chunk_id]
+        article = index.chunks[chunk].article
+        found = frozenset(terms(f"{index.articles[article].title} {index.chunks[chunk].heading} {text}"))
+        kinds = frozenset(fact.kind for fact in facts(text))
+        index.sentences.append(IndexedSentence(chunk, position, text, found, kinds))
+        words_of_article[article] |= found
+        sentence_vectors.append(bytes(embedding))
+        sentence_chunk.append(chunk)
+    if not index.sentences:
+        return KnowledgeIndex(version=version)
+    index.chunk_matrix = _matrix(chunk_vectors)
+    index.sentence_matrix = _matrix(sentence_vectors)
+    index.sentence_chunk = np.array(sentence_chunk, dtype=np.int64)
+    index.sentence_article = np.array([index.chunks[c].article for c in sentence_chunk], dtype=np.int64)
+    index.article_terms = [frozenset(found) for found in words_of_article]
+    for language in index.languages:
+        index.lexicons[language] = Lexicon.build(
+            found
+            for article, found in zip(index.articles, words_of_article, strict=True)
+            if article.language == language
+        )
+    return index
 
 
 class _CurrentIndex:

@@ -10,14 +10,33 @@ from scheduler.models import generation_link
 
 
 class Article(models.Model):
+    """An article of the help center, in one language. A translation names the article it
+    translates (`translation_of`): a question is answered from the articles in its own
+    language first (knowledge.retrieval), and the public page links the versions."""
+
     class Status(models.TextChoices):
         ACTIVE = "active", "Active"
         RETIRED = "retired", "Retired"  # kept for the record; never shown or retrieved
+
+    class Language(models.TextChoices):
+        EN = "en", "English"
+        FR = "fr", "Français"
+        ES = "es", "Español"
+        DE = "de", "Deutsch"
 
     slug = models.SlugField(max_length=100, unique=True)
     title = models.CharField(max_length=200)
     body = models.TextField(help_text="Markdown.")
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    language = models.CharField(max_length=8, choices=Language.choices, default=Language.EN)
+    translation_of = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        related_name="translations",
+        on_delete=models.SET_NULL,
+        help_text="The article this one translates (blank for an original).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -53,6 +72,22 @@ class Chunk(models.Model):
     class Meta:
         ordering = ["article", "position"]
         constraints = [models.UniqueConstraint(fields=["article", "position"], name="chunk_position")]
+
+
+class Sentence(models.Model):
+    """A sentence of a passage as knowledge.chunking.passage_sentences cuts it (a sentence, a
+    list item with the line introducing its list, a table row under its header), and its
+    embedding: what extractive answers quote and retrieval ranks."""
+
+    chunk = models.ForeignKey(Chunk, related_name="sentences", on_delete=models.CASCADE)
+    position = models.PositiveIntegerField()
+    text = models.TextField()
+    # float32 little-endian, unit length (knowledge.embedding.EMBEDDING_DIM values).
+    embedding = models.BinaryField()
+
+    class Meta:
+        ordering = ["chunk", "position"]
+        constraints = [models.UniqueConstraint(fields=["chunk", "position"], name="sentence_position")]
 
 
 class KnowledgeBase(models.Model):

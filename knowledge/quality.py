@@ -1,18 +1,23 @@
-"""The quality score of a variant: a fixed set of customer questions (`quality_questions.json`),
-asked with the prompt the chat builds and the variant's settings, and graded on what a customer
-would notice: the facts of the help center, the article quoted, "I don't know" where the help
-center has no answer, an answer in the customer's language, and one that reads as an answer
-(it says something, and no sentence of it twice).
+"""The quality score of a variant: customer conversations (knowledge/questions/*.json) asked as
+the chat asks them (knowledge.answers, history and all, turn by turn), and graded on what a
+customer would notice:
+- answered right: an answerable question's answer states every fact asked for (and none of
+  the wrong ones the set names), and is not the decline;
+- declined right: a question the help center cannot answer gets the honest decline;
+- invented: an answer states a fact (an amount, a percentage, a duration, a number, a contact,
+  a name: knowledge.facts) that neither the help center's text it was given nor the question
+  holds;
+- in the customer's language.
+`overall` is the mean of answered right, declined right and answers with nothing invented. The
+console's score, the canary's quality gate and `python -m bench quality` all use this measure.
 
-Two steps, so that the database is read outside the event loop that waits for answers:
-`quality_prompts` (sync: retrieval, as a chat post does it), then `answers_collect` (async: asks
-an `Answerer`, a variant's workers through the queue or an engine in the benchmark's process,
-and grades each answer with `question_grade`, summed up by `quality_score`). A question the help
-center has nothing on gets the chat's reply without the model, as in the chat, when the
-variant has that reply on.
+The questions come in two sets: `tuning` (what retrieval, the decline rules and the styles were
+chosen on) and `heldout` (never looked at while choosing; reported apart).
 
-A score never goes through the result cache: it measures the variant's model and prompt
-(`python -m bench quality` measures what the cache does to the answers).
+Two steps per turn, so that the database is read outside the event loop that waits for
+answers: `answer_plan` (sync: retrieval, as a chat post does it), then, for a model's answer,
+an `Answerer` (async: a variant's workers through the queue, or an engine in the benchmark's
+process, which checks a verified answer with the same knowledge.grounding as the worker).
 """
 
 from __future__ import annotations
@@ -28,66 +33,55 @@ from typing import Any, Protocol
 
 from channels.db import database_sync_to_async
 
+from knowledge.answers import AnswerPlan, answer_plan
+from knowledge.facts import unsupported_facts
 from knowledge.language import text_language
-from knowledge.prompts import system_prompt_build, unknown_reply
 from scheduler import control
 from scheduler.admission import AdmissionRefused, request_submit
-from scheduler.generation import (
-    AnswerFold,
-    Error,
-    GenerationJob,
-    Origin,
-    SamplingParams,
-    Tier,
-)
+from scheduler.generation import AnswerFold, Error, GenerationJob, Grounding, Origin, SamplingParams, Tier
 from scheduler.models import Variant
 from scheduler.policy import tier_policy
 from scheduler.results import result_follower
 from scheduler.rules import answer_wait_limit_s
 
-QUESTIONS_PATH = Path(__file__).resolve().parent / "quality_questions.json"
+QUESTIONS_DIR = Path(__file__).resolve().parent / "questions"
+QUESTION_SETS = ("tuning", "heldout")
 
 # --- the variant --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class VariantSettings:
-    """What a variant answers with, as far as the score is concerned: a copy of its
-    scheduler.models.Variant row (`of`) taken when the score starts, so that an edit made while
-    it runs changes nothing of what it measures."""
+    """What a variant answers with: a copy of its scheduler.models.Variant row (`of`) taken when
+    the score starts, so that an edit made while it runs changes nothing of what it measures."""
 
     name: str
-    assistant_prompt: str
+    model: str
+    system_prompt: str
     temperature: float
     top_p: float
     max_tokens: int
-    use_help_center: bool = True
-    model: str = ""  # whose workers answer through the queue; "" for an engine in this process
     frequency_penalty: float = 0.0
-    unknown_reply: bool = True  # the help center's reply when it has nothing on a question
+    knowledge: bool = True
+    answer_style: str = Variant.AnswerStyle.EXTRACTIVE
 
     @classmethod
     def of(cls, variant: Variant) -> VariantSettings:
         return cls(
             name=variant.name,
-            assistant_prompt=variant.system_prompt,
+            model=variant.model,
+            system_prompt=variant.system_prompt,
             temperature=variant.temperature,
             top_p=variant.top_p,
             max_tokens=variant.max_tokens,
-            use_help_center=variant.knowledge,
-            model=variant.model,
             frequency_penalty=variant.frequency_penalty,
-            unknown_reply=variant.unknown_reply,
+            knowledge=variant.knowledge,
+            answer_style=variant.answer_style,
         )
 
-    @property
-    def sampling(self) -> SamplingParams:
-        return SamplingParams(
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            frequency_penalty=self.frequency_penalty,
-        )
+    def variant(self) -> Variant:
+        """An unsaved Variant with these settings, as answer_plan reads one."""
+        return Variant(**asdict(self))
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,29 +91,49 @@ class VariantSettings:
 
 
 @dataclass(frozen=True, slots=True)
-class QualityQuestion:
-    id: str
+class Turn:
     question: str
-    language: str = "en"
-    source: str = ""  # the article slug the answer comes from; "" when unanswerable
-    # Case-insensitive regular expressions a right answer matches, each as whole words ("no"
-    # is not found in "know").
+    expect: str  # "answer" or "decline"
+    sources: tuple[str, ...] = ()  # the articles (slugs) that answer it
+    # Case-insensitive regular expressions, each matched as a whole word: a right answer matches
+    # every one of `facts` and none of `wrong`.
     facts: tuple[str, ...] = ()
-    unanswerable: bool = False
+    wrong: tuple[str, ...] = ()
 
 
-def quality_questions(path: Path = QUESTIONS_PATH) -> list[QualityQuestion]:
-    return [
-        QualityQuestion(
-            id=row["id"],
-            question=row["question"],
-            language=row.get("language", "en"),
-            source=row.get("source", ""),
-            facts=tuple(row.get("facts", ())),
-            unanswerable=bool(row.get("unanswerable", False)),
-        )
-        for row in json.loads(path.read_text())["questions"]
-    ]
+@dataclass(frozen=True, slots=True)
+class Conversation:
+    id: str
+    language: str
+    turns: tuple[Turn, ...]
+    set: str = "tuning"
+    tags: tuple[str, ...] = ()
+
+
+def conversations_load(sets: Sequence[str] = QUESTION_SETS) -> list[Conversation]:
+    conversations = []
+    for name in sets:
+        data = json.loads((QUESTIONS_DIR / f"{name}.json").read_text())
+        for row in data["conversations"]:
+            conversations.append(
+                Conversation(
+                    id=row["id"],
+                    language=row["language"],
+                    set=name,
+                    tags=tuple(row.get("tags", ())),
+                    turns=tuple(
+                        Turn(
+                            question=turn["question"],
+                            expect=turn["expect"],
+                            sources=tuple(turn.get("sources", ())),
+                            facts=tuple(turn.get("facts", ())),
+                            wrong=tuple(turn.get("wrong", ())),
+                        )
+                        for turn in row["turns"]
+                    ),
+                )
+            )
+    return conversations
 
 
 # --- grading ------------------------------------------------------------------------------------
@@ -127,10 +141,9 @@ def quality_questions(path: Path = QUESTIONS_PATH) -> list[QualityQuestion]:
 _DONT_KNOW = re.compile(
     r"(don'?t|do not|doesn'?t|does not) (know|have (any )?(information|details))|not sure|"
     r"no information|unable to|can'?t help|cannot help|could(n'?t| not) find|"
-    r"(person|someone|member) (from|of|on) our team|sorry|"
-    r"je ne sais pas|pas d'information|rien trouvé|désolée?|"
-    r"no sé|no tengo información|no (he )?encontrado|lo siento|"
-    r"weiß (ich )?nicht|keine informationen|nichts gefunden|tut mir leid|leider",
+    r"je ne sais pas|pas d'information|pas trouvé|rien trouvé|"
+    r"no sé|no tengo información|no (he )?encontrado|"
+    r"weiß (ich )?nicht|keine informationen|nichts gefunden",
     re.IGNORECASE,
 )
 
@@ -139,96 +152,122 @@ def says_dont_know(text: str) -> bool:
     return bool(_DONT_KNOW.search(text))
 
 
-_SENTENCE_BREAK = re.compile(r"(?<=[.!?])\s+|\n+")
-
-
-def repeats_itself(text: str) -> bool:
-    """Whether a sentence of four words or more comes back word for word (case and spacing
-    aside): what a small model decoding greedily does until its token limit, and what a
-    customer reads as a broken answer."""
-    sentences = [" ".join(part.lower().split()) for part in _SENTENCE_BREAK.split(text)]
-    sentences = [sentence for sentence in sentences if len(sentence.split()) >= 4]
-    return len(sentences) != len(set(sentences))
+def _matches(pattern: str, text: str) -> bool:
+    return bool(re.search(rf"(?<!\w)(?:{pattern})(?!\w)", text, re.IGNORECASE))
 
 
 @dataclass(frozen=True, slots=True)
-class QuestionResult:
-    id: str
+class TurnResult:
+    conversation: str
+    turn: int
+    set: str
+    language: str
+    question: str
+    expect: str
     answer: str
-    sources: tuple[str, ...]  # the articles the answer quoted (shown under it in the chat)
-    facts_found: int
-    facts_total: int
-    source_right: bool | None  # None: unanswerable
-    dont_know_right: bool | None  # None: answerable
+    declined: bool
+    invented: tuple[str, ...]  # the facts stated that the help center's text given did not hold
+    sources: tuple[str, ...]
+    right: bool | None  # answerable: every fact, none wrong, not declined; None: unanswerable
     language_right: bool
-    readable: bool = True  # says something, and no sentence of it twice
+    ttft_ms: float | None = None  # to the first shown text
 
 
-def question_grade(question: QualityQuestion, *, answer: str, sources: Sequence[str]) -> QuestionResult:
-    found = sum(
-        bool(re.search(rf"(?<!\w)(?:{fact})(?!\w)", answer, re.IGNORECASE)) for fact in question.facts
-    )
-    return QuestionResult(
-        id=question.id,
+def turn_grade(
+    conversation: Conversation,
+    n: int,
+    *,
+    answer: str,
+    declined: bool,
+    plan: AnswerPlan,
+    ttft_ms: float | None = None,
+) -> TurnResult:
+    turn = conversation.turns[n]
+    declined = declined or says_dont_know(answer)
+    right = None
+    if turn.expect == "answer":
+        right = (
+            not declined
+            and all(_matches(fact, answer) for fact in turn.facts)
+            and not any(_matches(wrong, answer) for wrong in turn.wrong)
+        )
+    return TurnResult(
+        conversation=conversation.id,
+        turn=n,
+        set=conversation.set,
+        language=conversation.language,
+        question=turn.question,
+        expect=turn.expect,
         answer=answer,
-        sources=tuple(sources),
-        facts_found=found,
-        facts_total=len(question.facts),
-        source_right=None if question.unanswerable else question.source in sources,
-        dont_know_right=says_dont_know(answer) if question.unanswerable else None,
-        language_right=text_language(answer) == question.language,
-        readable=bool(answer.strip()) and not repeats_itself(answer),
+        declined=declined,
+        invented=tuple(fact.text for fact in unsupported_facts(answer, [*plan.support, turn.question])),
+        sources=tuple(source.slug for source in plan.sources),
+        right=right,
+        language_right=text_language(answer) in (conversation.language, None),
+        ttft_ms=ttft_ms,
     )
 
 
-def _rate(values: Sequence[float | bool]) -> float:
+def _rate(values: Sequence[bool]) -> float:
     return round(sum(values) / len(values), 4) if values else 0.0
 
 
 @dataclass(frozen=True, slots=True)
 class QualityScore:
-    """Each part is a share from 0 to 1; `overall` is their mean."""
+    """Shares from 0 to 1 (`invented`: of answers that state an unsupported fact, the lower the
+    better); `overall` is the mean of answered_right, declined_right and 1 - invented."""
 
-    facts: float  # of the required facts, over answerable questions
-    sources: float  # answerable questions whose article was quoted
-    dont_know: float  # unanswerable questions answered with "I don't know"
-    language: float  # answers in the question's language
-    readable: float  # answers that say something and repeat no sentence
+    answered_right: float
+    declined_right: float
+    invented: float
+    language: float
     overall: float
     questions: int
-    failed: int  # questions that got no answer (an error); graded as empty answers
-    results: tuple[QuestionResult, ...] = field(default=(), repr=False)
+    failed: int  # turns that got no answer (an error); graded as empty answers
+    sets: dict[str, dict[str, float]] = field(default_factory=dict)  # the same figures per set
+    results: tuple[TurnResult, ...] = field(default=(), repr=False)
 
     def breakdown(self) -> dict[str, Any]:
         """The figures without the answers, as stored and shown."""
         return {
-            "facts": self.facts,
-            "sources": self.sources,
-            "dont_know": self.dont_know,
+            "answered_right": self.answered_right,
+            "declined_right": self.declined_right,
+            "invented": self.invented,
             "language": self.language,
-            "readable": self.readable,
             "overall": self.overall,
             "questions": self.questions,
             "failed": self.failed,
+            "sets": self.sets,
         }
 
 
-def quality_score(results: Sequence[QuestionResult], *, failed: int = 0) -> QualityScore:
-    answerable = [r for r in results if r.dont_know_right is None]
-    facts = _rate([r.facts_found / r.facts_total for r in answerable if r.facts_total])
-    sources = _rate([bool(r.source_right) for r in answerable])
-    dont_know = _rate([bool(r.dont_know_right) for r in results if r.dont_know_right is not None])
-    language = _rate([r.language_right for r in results])
-    readable = _rate([r.readable for r in results])
+def _figures(results: Sequence[TurnResult]) -> dict[str, float]:
+    answered_right = _rate([bool(r.right) for r in results if r.expect == "answer"])
+    declined_right = _rate([r.declined for r in results if r.expect == "decline"])
+    invented = _rate([bool(r.invented) for r in results])
+    return {
+        "answered_right": answered_right,
+        "declined_right": declined_right,
+        "invented": invented,
+        "language": _rate([r.language_right for r in results]),
+        "overall": round((answered_right + declined_right + 1 - invented) / 3, 4),
+        "questions": len(results),
+    }
+
+
+def quality_score(results: Sequence[TurnResult], *, failed: int = 0) -> QualityScore:
+    figures = _figures(results)
     return QualityScore(
-        facts=facts,
-        sources=sources,
-        dont_know=dont_know,
-        language=language,
-        readable=readable,
-        overall=round((facts + sources + dont_know + language + readable) / 5, 4),
+        answered_right=figures["answered_right"],
+        declined_right=figures["declined_right"],
+        invented=figures["invented"],
+        language=figures["language"],
+        overall=figures["overall"],
         questions=len(results),
         failed=failed,
+        sets={
+            name: _figures([r for r in results if r.set == name]) for name in sorted({r.set for r in results})
+        },
         results=tuple(results),
     )
 
@@ -236,53 +275,31 @@ def quality_score(results: Sequence[QuestionResult], *, failed: int = 0) -> Qual
 # --- asking -------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True, slots=True)
-class QualityPrompt:
-    question: QualityQuestion
-    messages: list[dict[str, str]]
-    sources: tuple[str, ...]
-    # What the chat replies without asking the model (the help center has nothing on it).
-    reply: str | None = None
-
-
-def quality_prompts(
-    *, variant: VariantSettings, questions: Sequence[QualityQuestion] | None = None
-) -> list[QualityPrompt]:
-    """Each question as the chat would send it as a conversation's first message (reads the
-    help center: call it outside an event loop)."""
-    prompts = []
-    for question in questions if questions is not None else quality_questions():
-        system_prompt = system_prompt_build(
-            question=question.question,
-            assistant_prompt=variant.assistant_prompt,
-            use_help_center=variant.use_help_center,
-        )
-        messages = [
-            {"role": "system", "content": system_prompt.text},
-            {"role": "user", "content": question.question},
-        ]
-        sources = tuple(s.slug for s in system_prompt.sources)
-        reply = None
-        if variant.unknown_reply and system_prompt.found_nothing:
-            reply = unknown_reply(question.question)
-        prompts.append(QualityPrompt(question, messages, sources, reply))
-    return prompts
-
-
 class AnswerFailed(RuntimeError):
     """A question got no answer; it is graded as an empty one."""
 
 
+@dataclass(frozen=True, slots=True)
+class ModelAnswer:
+    text: str
+    declined: bool  # the worker's check found nothing of it that holds: it is the decline
+    ttft_ms: float | None = None
+
+
 class Answerer(Protocol):
-    async def __call__(self, messages: list[dict[str, str]], sampling: SamplingParams) -> str: ...
+    async def __call__(
+        self, messages: list[dict[str, str]], sampling: SamplingParams, grounding: Grounding | None
+    ) -> ModelAnswer: ...
 
 
 def queue_answerer(*, variant: str, model: str) -> Answerer:
-    """Answers from the live workers serving `variant`'s `model`, through admission and the batch tier's
-    queue, so that a score never takes capacity from customers. A refusal waits as long as it
-    says and tries again, within the tier's longest answer wait."""
+    """Answers from the live workers serving `variant`'s `model`, through admission and the batch
+    tier's queue, so that a score never takes capacity from customers. A refusal waits as long
+    as it says and tries again, within the tier's longest answer wait."""
 
-    async def answer(messages: list[dict[str, str]], sampling: SamplingParams) -> str:
+    async def answer(
+        messages: list[dict[str, str]], sampling: SamplingParams, grounding: Grounding | None
+    ) -> ModelAnswer:
         wait_limit_s = answer_wait_limit_s((await database_sync_to_async(tier_policy)(Tier.BATCH)).max_wait_s)
         async with asyncio.timeout(wait_limit_s):
             while True:
@@ -296,6 +313,7 @@ def queue_answerer(*, variant: str, model: str) -> Answerer:
                     variant=variant,
                     model=model,
                     disconnect_grace_s=None,
+                    grounding=grounding,
                 )
                 try:
                     await database_sync_to_async(request_submit)(job=job)
@@ -314,41 +332,68 @@ def queue_answerer(*, variant: str, model: str) -> Answerer:
                 # The run gave up (its timeout): no worker should spend a slot on this question.
                 control.request_cancel(request_id=job.request_id)
                 raise
-        if isinstance(fold.end, Error):
-            raise AnswerFailed(f"{fold.end.code}: {fold.end.message}")
-        return fold.text
+        if isinstance(fold.end, Error) or fold.end is None:
+            raise AnswerFailed(f"{fold.end.code}: {fold.end.message}" if fold.end else "no answer")
+        report = fold.end.grounding
+        ttft = fold.end.timings.ttft_ms if fold.end.timings else None
+        return ModelAnswer(fold.text, declined=bool(report and report.declined), ttft_ms=ttft)
 
     return answer
 
 
 async def answers_collect(
-    prompts: Sequence[QualityPrompt],
+    conversations: Sequence[Conversation],
     *,
     variant: VariantSettings,
     answerer: Answerer,
     concurrency: int = 16,
     progress: Callable[[int, int], Awaitable[None] | None] | None = None,
 ) -> QualityScore:
-    """Ask every prompt (`concurrency` at a time, so the engine batches them) and grade it.
-    `progress(done, total)` is called after each answer."""
+    """Ask every conversation, turn by turn with its history as the chat keeps it, `concurrency`
+    conversations at a time (so the engine batches them), and grade each answer. `progress(done,
+    total)` is called after each turn."""
     slots = asyncio.Semaphore(concurrency)
+    total = sum(len(conversation.turns) for conversation in conversations)
     done = 0
     failed = 0
+    row = variant.variant()
 
-    async def ask(prompt: QualityPrompt) -> QuestionResult:
+    async def ask(conversation: Conversation) -> list[TurnResult]:
         nonlocal done, failed
+        results = []
+        history: list[dict[str, str]] = []
+        previous_sources: list[str] = []
         async with slots:
-            try:
-                answer = prompt.reply or await answerer(prompt.messages, variant.sampling)
-            except (AnswerFailed, TimeoutError):
-                answer = ""
-                failed += 1
-        done += 1
-        if progress is not None:
-            reported = progress(done, len(prompts))
-            if reported is not None:
-                await reported
-        return question_grade(prompt.question, answer=answer, sources=prompt.sources)
+            for n, turn in enumerate(conversation.turns):
+                ttft_ms: float | None
+                plan = await database_sync_to_async(answer_plan)(
+                    variant=row, message=turn.question, history=history, previous_sources=previous_sources
+                )
+                if plan.known is not None:
+                    # Shown as soon as it is planned: what planning took (not the wait for a
+                    # thread, which a chat post does not share with 15 others).
+                    answer, declined, ttft_ms = plan.known.text, plan.declined, plan.known.lookup_ms
+                else:
+                    try:
+                        given = await answerer(plan.messages, row.sampling(), plan.grounding)
+                        answer, declined, ttft_ms = given.text, given.declined, given.ttft_ms
+                    except (AnswerFailed, TimeoutError):
+                        answer, declined, ttft_ms = "", False, None
+                        failed += 1
+                results.append(
+                    turn_grade(conversation, n, answer=answer, declined=declined, plan=plan, ttft_ms=ttft_ms)
+                )
+                history += [
+                    {"role": "user", "content": turn.question},
+                    {"role": "assistant", "content": answer},
+                ]
+                previous_sources = [source.slug for source in plan.sources]
+                done += 1
+                if progress is not None:
+                    reported = progress(done, total)
+                    if reported is not None:
+                        await reported
+        return results
 
-    results = await asyncio.gather(*(ask(prompt) for prompt in prompts))
-    return quality_score(results, failed=failed)
+    per_conversation = await asyncio.gather(*(ask(conversation) for conversation in conversations))
+    return quality_score([result for results in per_conversation for result in results], failed=failed)

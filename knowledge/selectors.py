@@ -10,23 +10,29 @@ from django.conf import settings
 from django.db.models import QuerySet
 from django.urls import reverse
 
-from knowledge.embedding import EmbedderUnavailable, embed
-from knowledge.index import current_index, knowledge_base_version
+from knowledge.embedding import EmbedderUnavailable, embed_queries
+from knowledge.index import knowledge_base_version
 from knowledge.models import Article
+from knowledge.retrieval import Retrieval
 
 __all__ = [
     "EmbedderUnavailable",
     "Excerpt",
-    "HelpCenterExcerpts",
     "Source",
     "article_public",
     "article_public_moved_from",
     "articles_all",
     "articles_public",
-    "help_center_excerpts",
+    "excerpts_of",
     "knowledge_base_version",
     "question_vector",
 ]
+
+
+# How much lower than the best a passage's sentence may score and still be given to a model: on
+# multilingual e5's scale, where every passage of a shop's help center scores 0.8 or more against
+# a shop question, a floor alone would quote all of them.
+EXCERPT_MARGIN = 0.04
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,56 +56,41 @@ class Excerpt:
     score: float
 
 
-@dataclass(frozen=True, slots=True)
-class HelpCenterExcerpts:
-    """What the help center says about a question; empty when nothing is relevant enough."""
-
-    excerpts: tuple[Excerpt, ...]
-    version: int  # the knowledge base searched
-    searched: bool = True  # False: the help center has no articles, so nothing was searched
-
-    @property
-    def sources(self) -> tuple[Source, ...]:
-        """The articles quoted, best first, each once."""
-        return tuple(dict.fromkeys(excerpt.source for excerpt in self.excerpts))
-
-
 def question_vector(question: str) -> np.ndarray:
     """The question's embedding, as retrieval and the result cache compare it. Raises
-    EmbedderUnavailable when the embedding model is not prepared."""
-    (vector,) = embed([question])
+    EmbedderUnavailable when the embedding model cannot load."""
+    (vector,) = embed_queries([question])
     return vector
 
 
-def help_center_excerpts(
-    *,
-    question: str,
-    vector: np.ndarray | None = None,
-    max_chars: int | None = None,
-    min_score: float | None = None,
-) -> HelpCenterExcerpts:
-    """The passages most relevant to `question` that score at least `min_score` (default
-    KNOWLEDGE_MIN_SCORE), at most KNOWLEDGE_MAX_EXCERPTS of them and `max_chars` (default
-    KNOWLEDGE_PROMPT_MAX_CHARS) of text in all. `vector`: the question's, if already embedded.
-
-    Raises EmbedderUnavailable when the embedding model is not prepared and there are
-    articles to search.
-    """
+def excerpts_of(
+    retrieval: Retrieval, *, max_chars: int | None = None, min_score: float | None = None
+) -> tuple[Excerpt, ...]:
+    """The passages holding the best sentences, best first, each once: those whose sentence
+    scores at least `min_score` (default KNOWLEDGE_MIN_SCORE) and at most EXCERPT_MARGIN below
+    the best, at most KNOWLEDGE_MAX_EXCERPTS of them and `max_chars` (default
+    KNOWLEDGE_PROMPT_MAX_CHARS) of text in all. What a model answering from the help center is
+    given."""
     max_chars = settings.KNOWLEDGE_PROMPT_MAX_CHARS if max_chars is None else max_chars
     min_score = settings.KNOWLEDGE_MIN_SCORE if min_score is None else min_score
-    index = current_index.get()
-    if not index.chunks:  # nothing to find: the question's embedding would cost a post ~5 ms
-        return HelpCenterExcerpts(excerpts=(), version=index.version, searched=False)
-    query = question_vector(question) if vector is None else vector
+    if retrieval.ranked:
+        min_score = max(min_score, retrieval.ranked[0].score - EXCERPT_MARGIN)
+    index = retrieval.index
     excerpts: list[Excerpt] = []
+    seen: set[int] = set()
     room = max_chars
-    for hit in index.search(query, limit=settings.KNOWLEDGE_MAX_EXCERPTS, min_score=min_score):
-        if len(hit.chunk.text) > room:
+    for ranked in retrieval.ranked:
+        chunk_at = int(index.sentence_chunk[ranked.sentence])
+        if ranked.score < min_score or len(excerpts) >= settings.KNOWLEDGE_MAX_EXCERPTS:
+            break
+        chunk = index.chunks[chunk_at]
+        if chunk_at in seen or len(chunk.text) > room:
             continue
-        room -= len(hit.chunk.text)
-        source = Source(hit.chunk.slug, hit.chunk.title)
-        excerpts.append(Excerpt(source, hit.chunk.heading, hit.chunk.text, hit.score))
-    return HelpCenterExcerpts(excerpts=tuple(excerpts), version=index.version)
+        seen.add(chunk_at)
+        room -= len(chunk.text)
+        article = index.articles[chunk.article]
+        excerpts.append(Excerpt(Source(article.slug, article.title), chunk.heading, chunk.text, ranked.score))
+    return tuple(excerpts)
 
 
 def articles_all() -> QuerySet[Article]:

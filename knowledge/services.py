@@ -16,10 +16,10 @@ from django.db.models import F
 from django.utils.text import slugify
 
 from knowledge.cache import answers_invalidate
-from knowledge.chunking import article_chunks
-from knowledge.embedding import EMBEDDING_DIM, embed
+from knowledge.chunking import ChunkText, article_chunks, passage_sentences
+from knowledge.embedding import EMBEDDING_DIM, embed_passages
 from knowledge.index import current_index
-from knowledge.models import Article, Chunk, FormerSlug, KnowledgeBase
+from knowledge.models import Article, Chunk, FormerSlug, KnowledgeBase, Sentence
 
 
 class ArticleFileRejected(ValueError):
@@ -31,6 +31,8 @@ class ArticleFile:
     slug: str
     title: str
     body: str
+    language: str = Article.Language.EN
+    translates: str = ""  # the slug of the article it translates ("": an original)
 
 
 def _passages(article: Article) -> np.ndarray:
@@ -57,19 +59,44 @@ def _version_raise(article: Article, *, passages_before: np.ndarray) -> None:
 
 
 def _chunks_replace(article: Article) -> None:
-    """Embeds before it deletes, so a failing embedder leaves the old chunks in place."""
+    """The article's passages and their sentences, each embedded with the article's title and
+    the section's heading. Embeds before it deletes, so a failing embedder leaves the old
+    chunks in place."""
     pieces = article_chunks(article.body)
-    vectors = embed([piece.embedding_input(article.title) for piece in pieces])
+    sentences = [passage_sentences(piece.text) for piece in pieces]
+    vectors = embed_passages(
+        [piece.embedding_input(article.title) for piece in pieces]
+        + [
+            ChunkText(piece.heading, sentence).embedding_input(article.title)
+            for piece, texts in zip(pieces, sentences, strict=True)
+            for sentence in texts
+        ]
+    )
     article.chunks.all().delete()
-    Chunk.objects.bulk_create(
+    chunks = Chunk.objects.bulk_create(
         Chunk(article=article, position=i, heading=piece.heading, text=piece.text, embedding=vector.tobytes())
-        for i, (piece, vector) in enumerate(zip(pieces, vectors, strict=True))
+        for i, (piece, vector) in enumerate(zip(pieces, vectors, strict=False))
+    )
+    sentence_vectors = iter(vectors[len(pieces) :])
+    Sentence.objects.bulk_create(
+        Sentence(chunk=chunk, position=i, text=text, embedding=next(sentence_vectors).tobytes())
+        for chunk, texts in zip(chunks, sentences, strict=True)
+        for i, text in enumerate(texts)
     )
 
 
-def article_create(*, slug: str, title: str, body: str) -> Article:
-    """Raises ValidationError (a slug in use, an empty title or body)."""
-    article = Article(slug=slug, title=title.strip(), body=body.strip())
+def article_create(
+    *,
+    slug: str,
+    title: str,
+    body: str,
+    language: str = Article.Language.EN,
+    translation_of: Article | None = None,
+) -> Article:
+    """Raises ValidationError (a slug in use, an empty title or body, an unknown language)."""
+    article = Article(
+        slug=slug, title=title.strip(), body=body.strip(), language=language, translation_of=translation_of
+    )
     article.full_clean()
     with transaction.atomic():
         passages_before = _passages(article)
@@ -112,7 +139,9 @@ def article_status_set(*, article: Article, status: Article.Status) -> bool:
 
 
 def article_file_read(path: Path) -> ArticleFile:
-    """`returns-policy.md` starting with `# Returns policy` -> slug, title and the rest as body."""
+    """`returns-policy.md` starting with `# Returns policy` -> slug, title and the rest as body.
+    A file in a folder named after a language (`fr/returns-policy.md`) is the translation of the
+    article of the same name: its slug is `returns-policy-fr`."""
     lines = path.read_text(encoding="utf-8").strip().splitlines()
     if not lines or not lines[0].startswith("# "):
         raise ArticleFileRejected(f"{path.name}: the first line must be the title, as `# Title`")
@@ -122,4 +151,13 @@ def article_file_read(path: Path) -> ArticleFile:
     slug = slugify(path.stem)
     if not slug:
         raise ArticleFileRejected(f"{path.name}: the file name gives no slug")
+    language = path.parent.name
+    if language in Article.Language.values and language != Article.Language.EN:
+        return ArticleFile(
+            slug=f"{slug}-{language}",
+            title=lines[0][2:].strip(),
+            body=body,
+            language=language,
+            translates=slug,
+        )
     return ArticleFile(slug=slug, title=lines[0][2:].strip(), body=body)

@@ -15,7 +15,17 @@ import redis.asyncio as aioredis
 from django.conf import settings
 
 from scheduler import control, key_limits, keys, metrics, timeseries
-from scheduler.generation import Done, GenerationJob, Start, Tier, Timings, Token, Usage, event_encode
+from scheduler.generation import (
+    Done,
+    GenerationJob,
+    GroundingReport,
+    Start,
+    Tier,
+    Timings,
+    Token,
+    Usage,
+    event_encode,
+)
 from scheduler.key_limits import KeyLimits, KeyLimitState
 from scheduler.models import Generation
 from scheduler.policy import Policy, tier_policy
@@ -258,8 +268,8 @@ def _admit(*, job: GenerationJob, client_address: str | None, limits: KeyLimits,
 @dataclass(frozen=True, slots=True)
 class KnownAnswer:
     """An answer known before any model runs: one the result cache found for the request
-    (knowledge.cache decides what may be served), or the help center's reply to a question it
-    has nothing on (knowledge.prompts)."""
+    (knowledge.cache decides what may be served), or one the help center gives without a model
+    (knowledge.answers: its own sentences, the decline, a greeting)."""
 
     text: str
     engine: str  # what answered, as records and timings name it: "cache" or "help-center"
@@ -267,6 +277,7 @@ class KnownAnswer:
     completion_tokens: int
     cache: str = ""  # from the result cache: how it matched (scheduler.models.CacheResult)
     saved_engine_ms: float | None = None  # from the result cache: what generating it took
+    grounding: GroundingReport | None = None  # a chat answer's check (extractive, a decline)
 
 
 CACHE = "cache"
@@ -319,7 +330,13 @@ def request_admit_known(
         events = [
             Start(worker=answer.engine, variant=job.variant, attempt=1),
             Token(seq=0, text=answer.text, tokens=answer.completion_tokens),
-            Done(finish_reason="stop", usage=usage, timings=timings, cached=answer.engine == CACHE),
+            Done(
+                finish_reason="stop",
+                usage=usage,
+                timings=timings,
+                cached=answer.engine == CACHE,
+                grounding=answer.grounding,
+            ),
         ]
         generation_finish(
             request_id=job.request_id,
@@ -331,6 +348,7 @@ def request_admit_known(
                 timings=timings,
                 cache=answer.cache,
                 saved_engine_ms=answer.saved_engine_ms,
+                grounding=answer.grounding,
             ),
         )
         stream = keys.result(job.model, job.request_id)

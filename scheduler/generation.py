@@ -184,6 +184,81 @@ class ToolParsing:
 
 
 @dataclass(frozen=True, slots=True)
+class GroundingSource:
+    """An article an answer was given: its sentences as the help center states them
+    (knowledge.chunking.passage_sentences)."""
+
+    slug: str
+    title: str
+    sentences: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Grounding:
+    """What an answer of the `verified` style is held to (knowledge.grounding): the worker
+    shows each sentence of it only once its facts are found in `sources` (or in the customer's
+    `question`), replaces one that fails with the help center's own sentence, and says
+    `decline` when nothing of the answer holds."""
+
+    question: str
+    language: str
+    sources: tuple[GroundingSource, ...]
+    decline: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "question": self.question,
+            "language": self.language,
+            "sources": [
+                {"slug": source.slug, "title": source.title, "sentences": list(source.sentences)}
+                for source in self.sources
+            ],
+            "decline": self.decline,
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Grounding:
+        return cls(
+            question=data["question"],
+            language=data["language"],
+            sources=tuple(
+                GroundingSource(
+                    slug=source["slug"], title=source["title"], sentences=tuple(source["sentences"])
+                )
+                for source in data["sources"]
+            ),
+            decline=data["decline"],
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GroundingReport:
+    """What was checked in an answer, for its `done` event, its record and the console: the
+    variant's answer `style` (generated, verified or extractive), the sentences checked, those
+    that failed and were replaced by the help center's own or left out, and why the answer is
+    the decline (`declined`, knowledge.declines's reason; "" when it is not one)."""
+
+    style: str
+    checked: int = 0
+    replaced: int = 0
+    dropped: int = 0
+    declined: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GroundingReport:
+        return cls(
+            style=data["style"],
+            checked=int(data.get("checked", 0)),
+            replaced=int(data.get("replaced", 0)),
+            dropped=int(data.get("dropped", 0)),
+            declined=data.get("declined", ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
 class GenerationJob:
     """One generation request as it waits in a queue. The queue entry adds when it was enqueued
     and its deadline (`max_wait_s` later, by Redis's clock): see scheduler.queues.Job.
@@ -210,6 +285,7 @@ class GenerationJob:
     # key's requests and tokens per minute.
     key_client_id: str | None = None
     tool_parsing: ToolParsing | None = None
+    grounding: Grounding | None = None  # a chat answer of the `verified` style
 
     @property
     def limits_client_id(self) -> str:
@@ -232,6 +308,7 @@ class GenerationJob:
                 "choice": self.choice,
                 "key_client_id": self.key_client_id,
                 "tool_parsing": None if self.tool_parsing is None else self.tool_parsing.to_dict(),
+                "grounding": None if self.grounding is None else self.grounding.to_dict(),
             }
         )
 
@@ -239,6 +316,7 @@ class GenerationJob:
     def decode(cls, raw: str) -> GenerationJob:
         data = json.loads(raw)
         tool_parsing = data.get("tool_parsing")
+        grounding = data.get("grounding")
         return cls(
             request_id=data["request_id"],
             origin=Origin(data["origin"]),
@@ -253,6 +331,7 @@ class GenerationJob:
             choice=int(data.get("choice", 0)),
             key_client_id=data.get("key_client_id"),
             tool_parsing=None if tool_parsing is None else ToolParsing.from_dict(tool_parsing),
+            grounding=None if grounding is None else Grounding.from_dict(grounding),
         )
 
 
@@ -416,7 +495,8 @@ class Reset:
 class Done:
     """The answer ended normally; `finish_reason` "cancelled" when it was stopped. `cached`:
     the answer came from the result cache (knowledge.cache), not from a worker. `parsed`: the
-    whole answer as the tool-call parser read it, when it was parsed."""
+    whole answer as the tool-call parser read it, when it was parsed. `grounding`: what was
+    checked in a chat answer, and whether it is the decline."""
 
     type: ClassVar[str] = "done"
     finish_reason: str
@@ -424,6 +504,7 @@ class Done:
     timings: Timings | None = None
     cached: bool = False
     parsed: ParsedAnswer | None = None
+    grounding: GroundingReport | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +536,8 @@ def event_data(body: EventBody) -> dict[str, Any]:
         }
         if body.parsed is not None:
             done["parsed"] = body.parsed.to_dict()
+        if body.grounding is not None:
+            done["grounding"] = body.grounding.to_dict()
         return done
     return asdict(body)
 
@@ -495,12 +578,14 @@ def event_decode(kind: str, data: dict[str, Any]) -> EventBody:
     if kind == Done.type:
         timings = data.get("timings") or None
         parsed_answer = data.get("parsed")
+        grounding = data.get("grounding")
         return Done(
             finish_reason=data["finish_reason"],
             usage=Usage(**(data.get("usage") or {})),
             timings=Timings(**timings) if timings else None,
             cached=bool(data.get("cached", False)),
             parsed=None if parsed_answer is None else ParsedAnswer.from_dict(parsed_answer),
+            grounding=None if grounding is None else GroundingReport.from_dict(grounding),
         )
     if kind == Error.type:
         return Error(code=data["code"], message=data["message"])

@@ -90,11 +90,20 @@ class Variant(models.Model):
     frequency_penalty = models.FloatField(
         default=0.0, validators=[MinValueValidator(-2.0), MaxValueValidator(2.0)]
     )
+
+    class AnswerStyle(models.TextChoices):
+        GENERATED = "generated", "Generated: the model writes from the help center's excerpts"
+        VERIFIED = "verified", "Verified: generated, each sentence checked against the excerpts"
+        EXTRACTIVE = "extractive", "Extractive: the help center's own sentences, no model"
+
     knowledge = models.BooleanField(default=True, help_text="Answer from the help center's excerpts.")
-    unknown_reply = models.BooleanField(
-        default=True,
-        help_text="When the help center has nothing on a conversation's first question, reply that "
-        "we do not know (in the customer's language) instead of asking the model.",
+    # How a chat answer is made from the help center (knowledge.answers); every style declines
+    # when the help center does not answer (knowledge.declines).
+    answer_style = models.CharField(
+        max_length=16,
+        choices=AnswerStyle.choices,
+        default=AnswerStyle.EXTRACTIVE,
+        help_text="How chat answers are made from the help center.",
     )
     # As `vllm serve --enable-auto-tool-choice --tool-call-parser <name>`: the worker reads the
     # model's tool calls out of its free text with this parser of vLLM's, for API calls that let
@@ -217,6 +226,8 @@ class Generation(models.Model):
     cache = models.CharField(max_length=16, choices=CacheResult.choices, blank=True)
     cache_lookup_ms = models.FloatField(null=True, blank=True)
     saved_engine_ms = models.FloatField(null=True, blank=True)
+    # A chat answer's check against the help center (scheduler.generation.GroundingReport).
+    grounding = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     finished_at = models.DateTimeField(null=True, blank=True)
 

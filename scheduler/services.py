@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from scheduler.generation import GenerationJob, Timings, Usage
+from scheduler.generation import GenerationJob, GroundingReport, Timings, Usage
 from scheduler.models import CacheResult, Generation
 
 
@@ -29,6 +29,7 @@ class GenerationOutcome:
     # engine time the answer had cost when it was generated. Blank for any other answer.
     cache: str = ""
     saved_engine_ms: float | None = None
+    grounding: GroundingReport | None = None  # what was checked in a chat answer
 
 
 def generation_create(*, job: GenerationJob) -> Generation:
@@ -107,6 +108,7 @@ def generation_finish(*, request_id: str, outcome: GenerationOutcome) -> bool:
         ttft_ms=timings.ttft_ms if timings else None,
         duration_ms=timings.duration_ms if timings else None,
         engine=timings.engine if timings else "",
+        grounding=outcome.grounding.to_dict() if outcome.grounding is not None else None,
         finished_at=timezone.now(),
     )
     return updated == 1

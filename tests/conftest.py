@@ -43,3 +43,4 @@ def variants(db) -> None:
     from django.apps import apps
 
     importlib.import_module("scheduler.migrations.0007_stable_and_candidate").variants_create(apps, None)
+    importlib.import_module("scheduler.migrations.0014_answer_style").styles_set(apps, None)

@@ -24,6 +24,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
     os.environ.setdefault("INFERENCE_ENGINE", "simulated")
     # The model the test workers serve (and the migration gives the variants it makes).
     os.environ.setdefault("INFERENCE_MODEL_NAME", "test-model")
+    # The stable variant's answers are a model's, so that the tests of the queues, the worker and
+    # the streams have answers to queue; the answer-style tests set each style themselves.
+    os.environ.setdefault("CHAT_ANSWER_STYLE", "generated")
     # Settings refuse to start without a secret key; the processes tests start inherit this one.
     os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-secret-key-never-used-outside-the-test-suite")
     return (yield)

@@ -119,7 +119,8 @@ class AnswerStream {
     this.view.bubble.dataset.finishReason = reason;
     if (reason === "cancelled") {
       this.finish("cancelled", "Stopped");
-    } else if (reason === "length") {
+    } else if (reason === "length" && !data.grounding) {
+      // A checked answer (its `grounding`) ends at its last whole sentence: nothing is cut.
       this.finish("done", "Cut off at the length limit.");
     } else {
       this.finish("done", this.text.trim() ? "" : "The assistant returned no text.");

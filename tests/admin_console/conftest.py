@@ -113,14 +113,14 @@ def answers(
 
 def quality_scored(variant: str, overall: float) -> QualityRun:
     """A finished quality score of `variant`."""
-    part = dict.fromkeys(("facts", "sources", "dont_know", "language", "readable"), overall)
+    part = dict.fromkeys(("answered_right", "declined_right", "language"), overall)
     return QualityRun.objects.create(
         variant=variant,
         status=QualityRun.Status.DONE,
         variant_settings=VariantSettings.of(Variant.objects.get(name=variant)).as_dict(),
-        answered=72,
-        questions=72,
+        answered=230,
+        questions=230,
         overall=overall,
-        breakdown={**part, "overall": overall, "questions": 72, "failed": 0},
+        breakdown={**part, "invented": 0.0, "overall": overall, "questions": 230, "failed": 0, "sets": {}},
         finished_at=timezone.now(),
     )

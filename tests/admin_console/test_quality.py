@@ -8,7 +8,8 @@ import pytest
 
 from admin_console import services, tasks
 from admin_console.models import CanaryRollout, QualityRun
-from knowledge.quality import VariantSettings, quality_prompts, quality_questions
+from knowledge.answers import answer_plan
+from knowledge.quality import VariantSettings, conversations_load
 from scheduler import keys
 from scheduler.models import Variant
 from scheduler.redis import sync_redis
@@ -50,23 +51,23 @@ def test_a_score_asks_with_the_variant_s_settings_as_saved_when_it_starts(
         max_tokens=99,
         knowledge=False,
         frequency_penalty=0.5,
-        unknown_reply=False,
+        answer_style="generated",
     )
     _start(client_staff, "candidate", django_capture_on_commit_callbacks)
     settings = VariantSettings(**QualityRun.objects.get().variant_settings)
     assert settings == VariantSettings(
         name="candidate",
-        assistant_prompt="Answer like a pirate.",
+        model=CANDIDATE_MODEL,
+        system_prompt="Answer like a pirate.",
         temperature=0.4,
         top_p=0.8,
         max_tokens=99,
-        use_help_center=False,
-        model=CANDIDATE_MODEL,
         frequency_penalty=0.5,
-        unknown_reply=False,
+        knowledge=False,
+        answer_style="generated",
     )
-    [prompt] = quality_prompts(variant=settings, questions=quality_questions()[:1])
-    assert prompt.messages[0] == {"role": "system", "content": "Answer like a pirate."}
+    plan = answer_plan(variant=settings.variant(), message="How long do I have to return an item?")
+    assert plan.messages[0] == {"role": "system", "content": "Answer like a pirate."}
 
 
 @pytest.mark.django_db
@@ -126,11 +127,13 @@ def test_the_task_asks_every_question_of_the_variants_workers_and_stores_the_sco
         worker.stopping.set()
         worker.join()
     run.refresh_from_db()
-    questions = quality_questions()
-    assert (run.status, run.answered, run.questions) == ("done", len(questions), len(questions))
-    assert len(worker.answered) == len(questions)
+    turns = sum(len(conversation.turns) for conversation in conversations_load())
+    assert (run.status, run.answered, run.questions) == ("done", turns, turns)
+    assert len(worker.answered) == turns  # an empty help center: every question asked of the model
     # Saying "I don't know" to everything: every unanswerable question right, no fact right.
-    assert (run.breakdown["dont_know"], run.breakdown["facts"], run.breakdown["failed"]) == (1.0, 0.0, 0)
+    figures = run.breakdown
+    assert (figures["declined_right"], figures["answered_right"], figures["invented"]) == (1.0, 0.0, 0.0)
+    assert (figures["failed"], set(figures["sets"])) == (0, {"tuning", "heldout"})
     page = client_staff.get("/console/canary").content.decode()
     assert f"{run.overall:.3f}" in page.split('data-variant="candidate"')[1].split("</tr>")[0]
 

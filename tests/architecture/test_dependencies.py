@@ -14,7 +14,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # docs/ARCHITECTURE.md.
 ALLOWED = {
     "scheduler": set(),
-    "inference": {"scheduler"},
+    "inference": {"knowledge", "scheduler"},
     "accounts": {"scheduler"},
     "knowledge": {"scheduler"},
     "chat": {"accounts", "knowledge", "scheduler"},

@@ -17,7 +17,7 @@ from chat.services import (
     message_post,
 )
 from knowledge import services as knowledge_services
-from knowledge.prompts import UNKNOWN_REPLIES
+from knowledge.prompts import DECLINES
 from scheduler import keys
 from scheduler.admission import AdmissionRefused
 from scheduler.redis import sync_redis
@@ -125,4 +125,5 @@ def test_a_first_message_that_only_greets_is_answered_by_the_model_told_to_greet
 def test_a_first_question_the_help_center_cannot_answer_still_gets_the_honest_reply(question, language):
     answer = _first_message(question)
     assert worker_double.queued("normal") == []
-    assert (answer.generation.engine, answer.generation.text) == ("help-center", UNKNOWN_REPLIES[language])
+    assert (answer.generation.engine, answer.generation.text) == ("help-center", DECLINES[language])
+    assert answer.generation.grounding["declined"]

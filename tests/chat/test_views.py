@@ -13,7 +13,7 @@ from accounts.models import User
 from chat import tasks
 from chat.models import Conversation, Message
 from knowledge import services as knowledge_services
-from knowledge.prompts import UNKNOWN_REPLIES
+from knowledge.prompts import DECLINES
 from scheduler import keys, routing
 from scheduler.models import CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.policy import policies_mirror
@@ -390,7 +390,7 @@ def test_a_first_question_the_help_center_does_not_cover_gets_its_reply_without_
     assert worker_double.queued("normal") == []  # no queue, no GPU slot
     answer = conversation.messages.get(role="assistant")
     assert (answer.generation.status, answer.generation.engine) == ("done", "help-center")
-    assert answer.generation.text == UNKNOWN_REPLIES["fr"]  # in the customer's language
+    assert answer.generation.text == DECLINES["fr"]  # in the customer's language
     assert answer.sources == []
     events = [
         fields["type"] for _, fields in sync_redis().xrange(keys.result(MODEL, str(answer.generation_id)))
@@ -398,29 +398,25 @@ def test_a_first_question_the_help_center_does_not_cover_gets_its_reply_without_
     assert events == ["start", "token", "done"]  # the stream a worker would have written
 
 
-def test_a_question_the_help_center_does_not_cover_is_told_to_say_so_when_the_variant_asks_the_model(
-    client_alice, conversation
-):
-    Variant.objects.update(unknown_reply=False)
+def test_a_later_question_the_help_center_does_not_cover_gets_the_decline_too(client_alice, conversation):
     knowledge_services.article_create(
         slug="returns-policy", title="Returns policy", body="You can return most items within 30 days."
     )
-    assert _post(client_alice, conversation, "What is the capital of France?").status_code == 202
-    (job,) = worker_double.queued("normal")
-    system_prompt = job["messages"][0]["content"]
-    assert "say that you do not know" in system_prompt
-    assert "30 days" not in system_prompt
-    assert conversation.messages.get(role="assistant").sources == []
+    Message.objects.create(conversation=conversation, role=Message.Role.USER, content="Can I return a lamp?")
+    assert _post(client_alice, conversation, "And can I pay for it with Afterpay?").status_code == 202
+    assert worker_double.queued("normal") == []
+    answer = conversation.messages.filter(role="assistant").last()
+    assert answer.generation.text == DECLINES["en"]
 
 
-def test_a_later_question_the_help_center_does_not_cover_is_asked_of_the_model(client_alice, conversation):
-    """A follow-up can lean on the conversation, which retrieval does not see."""
+def test_a_follow_up_is_asked_of_the_model_with_its_conversation(client_alice, conversation):
     knowledge_services.article_create(
         slug="returns-policy", title="Returns policy", body="You can return most items within 30 days."
     )
     Message.objects.create(conversation=conversation, role=Message.Role.USER, content="Can I return a lamp?")
     assert _post(client_alice, conversation, "And what if it came broken?").status_code == 202
-    assert len(worker_double.queued("normal")) == 1
+    (job,) = worker_double.queued("normal")
+    assert {"role": "user", "content": "Can I return a lamp?"} in job["messages"]
 
 
 def test_conversations_routed_to_the_candidate_are_asked_its_way_on_the_same_model(client_alice, alice):

@@ -22,7 +22,7 @@ from inference.metrics import PREEMPTIONS
 from inference.worker import InferenceWorker, WorkerConfig, _Running
 from scheduler import control, keys
 from scheduler.admission import request_submit
-from scheduler.generation import Reset, SamplingParams, StructuredOutput, Tier
+from scheduler.generation import Grounding, GroundingSource, Reset, SamplingParams, StructuredOutput, Tier
 from scheduler.models import Generation, WarmPool
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import new_async_redis, sync_redis
@@ -145,6 +145,52 @@ def test_a_done_answer_is_stored_published_acknowledged_and_released():
     # The three steps came before the first write was out: they went as one event of three tokens.
     assert events[2][1] == {"seq": 0, "text": "Your order shipped.", "tokens": 3}
     assert (_pending(), _in_flight()) == (0, 0)
+
+
+KLARNA = GroundingSource(
+    "paying-in-instalments",
+    "Paying in instalments with Klarna",
+    ("Orders from $35 to $1,000 can be paid in 4 interest-free instalments with Klarna.",),
+)
+
+
+def _submit_verified(**changes: Any) -> str:
+    grounding = Grounding(
+        question="What can I pay with Klarna?", language="en", sources=(KLARNA,), decline="DECLINE"
+    )
+    job = dataclasses.replace(
+        generation_job(disconnect_grace_s=10.0, max_tokens=64), grounding=grounding, **changes
+    )
+    request_submit(job=job)
+    return job.request_id
+
+
+def test_a_verified_answer_shows_each_sentence_once_checked_and_replaces_an_invented_one():
+    request_id = _submit_verified()
+    engine = ScriptedEngine(
+        "Orders up to ", "$1,000 can be paid with Klarna. ", "With Klarna the maximum is ", "$100. ", "Thanks"
+    )
+    _serve(_worker(engine))
+    answer = Generation.objects.get(request_id=request_id)
+    expected = f"Orders up to $1,000 can be paid with Klarna. {KLARNA.sentences[0]} Thanks"
+    assert (answer.status, answer.text) == ("done", expected)  # "$100" never reached the stream
+    events = _events(request_id)
+    texts = [data["text"] for kind, data in events if kind == "token"]
+    assert "".join(texts) == expected and not any("$100" in text for text in texts)
+    assert sum(data["tokens"] for kind, data in events if kind == "token") == 5  # every token counted
+    kind, done = events[-1]
+    report = {"style": "verified", "checked": 3, "replaced": 1, "dropped": 0, "declined": ""}
+    assert (kind, done["grounding"]) == ("done", report)
+    assert answer.grounding == report
+
+
+def test_a_verified_answer_of_which_nothing_holds_is_the_decline_and_ends_at_a_sentence():
+    request_id = _submit_verified()
+    engine = ScriptedEngine("We have a 10% military discount for veterans in every state. ", "And also")
+    _serve(_worker(engine))
+    answer = Generation.objects.get(request_id=request_id)
+    # "And also" says nothing: the answer is the decline after it.
+    assert answer.text == "And also\n\nDECLINE" and answer.grounding["declined"] == "unsupported"
 
 
 def test_a_job_cancelled_before_it_started_never_reaches_the_engine():

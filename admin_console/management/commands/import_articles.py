@@ -1,7 +1,10 @@
-"""`manage.py import_articles <folder>`: load every `*.md` file of a folder as a help article.
+"""`manage.py import_articles <folder>`: load every `*.md` file of a folder as a help article,
+and every `*.md` file of its subfolders named after a language (`fr/`, `es/`, `de/`) as the
+translation of the article of the same file name.
 
-Idempotent on the slug (the file name): a new slug is created, a changed file updates its
-article, an unchanged one is left alone. Retired articles stay retired. Every change is audited.
+Idempotent on the slug (the file name, and `-<language>` for a translation): a new slug is
+created, a changed file updates its article, an unchanged one is left alone. Retired articles
+stay retired. Every change is audited.
 """
 
 from __future__ import annotations
@@ -27,7 +30,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, folder: Path, **options: Any) -> None:
         if not folder.is_dir():
             raise CommandError(f"{folder} is not a folder")
-        paths = sorted(folder.glob("*.md"))
+        translations = [
+            path
+            for language in Article.Language.values
+            if language != Article.Language.EN
+            for path in sorted((folder / language).glob("*.md"))
+        ]
+        paths = sorted(folder.glob("*.md")) + translations  # originals first: translations name them
         if not paths:
             raise CommandError(f"{folder} has no .md files")
         created, updated, unchanged, failed = [], [], [], []
@@ -36,8 +45,20 @@ class Command(BaseCommand):
                 article_file = article_file_read(path)
                 article = Article.objects.filter(slug=article_file.slug).first()
                 if article is None:
+                    original = None
+                    if article_file.translates:
+                        original = Article.objects.filter(slug=article_file.translates).first()
+                        if original is None:
+                            raise ArticleFileRejected(
+                                f"{path}: no article {article_file.translates!r} to translate"
+                            )
                     console_services.article_create(
-                        actor=None, slug=article_file.slug, title=article_file.title, body=article_file.body
+                        actor=None,
+                        slug=article_file.slug,
+                        title=article_file.title,
+                        body=article_file.body,
+                        language=article_file.language,
+                        translation_of=original,
                     )
                     created.append(article_file.slug)
                 elif console_services.article_update(
@@ -51,7 +72,7 @@ class Command(BaseCommand):
                 else:
                     unchanged.append(article_file.slug)
             except (ArticleFileRejected, ValidationError) as exc:
-                failed.append(f"{path.name}: {exc}")
+                failed.append(f"{path.relative_to(folder)}: {exc}")
             except EmbedderUnavailable as exc:
                 raise CommandError(str(exc)) from exc
         for slug in created:

@@ -1,0 +1,89 @@
+"""How a chat message is answered, per answer style: what is known without a model, what a
+model is given, and the decline and the greeting every style shares."""
+
+import pytest
+
+from knowledge.answers import answer_plan
+from knowledge.embedding import EmbedderUnavailable
+from knowledge.prompts import DECLINES, GREETINGS, HELP_CENTER_PROMPT
+from scheduler.models import Variant
+
+pytestmark = pytest.mark.django_db
+
+Style = Variant.AnswerStyle
+
+
+def _variant(style: str, **fields) -> Variant:
+    return Variant(
+        name=f"v-{style}",
+        model="m",
+        system_prompt="You are a shop assistant.",
+        temperature=0.0,
+        top_p=1.0,
+        max_tokens=128,
+        answer_style=style,
+        **fields,
+    )
+
+
+def test_an_extractive_answer_is_known_without_a_model_and_quotes_its_sources(help_center):
+    plan = answer_plan(variant=_variant(Style.EXTRACTIVE), message="How long do I have to return an item?")
+    assert plan.messages == [] and plan.grounding is None
+    assert "30 days" in plan.known.text
+    assert plan.known.grounding.style == "extractive" and plan.known.grounding.checked >= 1
+    assert plan.sources[0].slug == "returns-policy"
+    assert set(plan.support) >= {s for s in plan.support if "30 days" in s}
+
+
+@pytest.mark.parametrize("style", [Style.GENERATED, Style.VERIFIED])
+def test_a_model_answer_is_asked_from_the_excerpts_and_a_verified_one_carries_its_check(help_center, style):
+    plan = answer_plan(variant=_variant(style), message="How much is express shipping?")
+    assert plan.known is None
+    system, question = plan.messages[0], plan.messages[-1]
+    assert system["role"] == "system" and HELP_CENTER_PROMPT.split("\n")[0] in system["content"]
+    assert "$14.95" in system["content"]
+    assert question == {"role": "user", "content": "How much is express shipping?"}
+    if style == Style.VERIFIED:
+        assert plan.grounding.language == "en" and plan.grounding.decline == DECLINES["en"]
+        assert any("$14.95" in sentence for source in plan.grounding.sources for sentence in source.sentences)
+    else:
+        assert plan.grounding is None
+
+
+@pytest.mark.parametrize("style", list(Style))
+def test_every_style_declines_what_the_help_center_does_not_answer_in_the_customers_language(
+    help_center, style
+):
+    plan = answer_plan(variant=_variant(style), message="Avez-vous une réduction pour les étudiants ?")
+    assert plan.known.text == DECLINES["fr"]
+    assert plan.declined and plan.known.grounding.declined == "not_covered"
+
+
+def test_a_greeting_is_greeted_back(help_center):
+    plan = answer_plan(variant=_variant(Style.EXTRACTIVE), message="Hallo!")
+    assert plan.known.text == GREETINGS["de"] and not plan.declined
+
+
+def test_a_follow_up_is_answered_with_its_conversation(help_center):
+    history = [
+        {"role": "user", "content": "How much does a return label cost?"},
+        {"role": "assistant", "content": "A prepaid return label costs $6.50."},
+    ]
+    plan = answer_plan(
+        variant=_variant(Style.EXTRACTIVE),
+        message="what about for a sofa delivered by freight?",
+        history=history,
+        previous_sources=["returns-policy"],
+    )
+    assert "$59" in plan.known.text
+    verified = answer_plan(variant=_variant(Style.VERIFIED), message="and for a sofa?", history=history)
+    assert verified.messages[1:3] == history  # the model reads the conversation too
+
+
+def test_without_its_embedding_model_the_help_center_declines_rather_than_guess(help_center, monkeypatch):
+    def unavailable(**kwargs):
+        raise EmbedderUnavailable("not installed")
+
+    monkeypatch.setattr("knowledge.answers.retrieve", unavailable)
+    plan = answer_plan(variant=_variant(Style.VERIFIED), message="How long do I have to return an item?")
+    assert plan.known.text == DECLINES["en"]
