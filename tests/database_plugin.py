@@ -31,7 +31,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_load_initial_conftests(early_config, parser, args):
     global _postgres
     if early_config.known_args_namespace.database == "postgres":
-        _postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="test-postgres-")))
+        try:
+            _postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="test-postgres-")))
+        except RuntimeError as exc:  # PostgreSQL is not installed: one line says so
+            raise pytest.UsageError(str(exc)) from None
         _postgres.start()
         os.environ["DATABASE_URL"] = _postgres.url("support_chat")
     else:
