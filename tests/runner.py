@@ -27,10 +27,13 @@ def markers() -> list[str]:
 def pytest_target(label: str, base_dir: Path) -> str:
     """A Django test label as pytest names the same tests: `tests.knowledge` is the folder
     tests/knowledge, `tests.scheduler.test_rate_limits.test_name` the test `test_name` in
-    tests/scheduler/test_rate_limits.py. A path or a pytest node id is kept as it is."""
+    tests/scheduler/test_rate_limits.py, an app (`chat`) its tests (tests/chat). A path or a
+    pytest node id is kept as it is."""
     if "/" in label or "::" in label or label.endswith(".py"):
         return label
     parts = label.split(".")
+    if parts[0] != "tests" and (base_dir / "tests" / parts[0]).is_dir():
+        parts.insert(0, "tests")
     for end in range(len(parts), 0, -1):
         path = Path(*parts[:end])
         if (base_dir / path.with_suffix(".py")).is_file():
@@ -48,7 +51,8 @@ class NotSupported(argparse.Action):
 
 
 class PytestRunner:
-    """Django's labels and options as pytest arguments; the exit status is pytest's."""
+    """Django's labels and options as pytest arguments; the command exits 1 when pytest does
+    not exit 0 (a test failed, or none was chosen, or pytest refused the run)."""
 
     def __init__(
         self,
@@ -70,12 +74,13 @@ class PytestRunner:
 
     @classmethod
     def add_arguments(cls, parser: argparse.ArgumentParser) -> None:
-        names = ", ".join(markers())
+        tags = markers()
+        names = ", ".join(tags)
         parser.add_argument(
             "--tag",
             action="append",
             dest="tags",
-            choices=markers(),
+            choices=tags,
             metavar="TAG",
             help=f"run only the tests with this pytest marker ({names}); may be repeated",
         )
@@ -83,7 +88,7 @@ class PytestRunner:
             "--exclude-tag",
             action="append",
             dest="exclude_tags",
-            choices=markers(),
+            choices=tags,
             metavar="TAG",
             help=f"leave out the tests with this pytest marker ({names}); may be repeated",
         )

@@ -111,6 +111,7 @@ def test_vllm_tests_without_the_prepared_model_stop_the_run_with_one_message(tmp
     ("label", "node_id"),
     [
         ("tests.knowledge", "tests/knowledge"),
+        ("knowledge", "tests/knowledge"),
         ("tests.scheduler.test_rate_limits", "tests/scheduler/test_rate_limits.py"),
         ("tests.scheduler.test_rate_limits.test_name", "tests/scheduler/test_rate_limits.py::test_name"),
         ("tests.api.test_api.TestCase.test_name", "tests/api/test_api.py::TestCase::test_name"),
