@@ -92,6 +92,7 @@ class PytestRunner:
             metavar="TAG",
             help=f"leave out the tests with this pytest marker ({names}); may be repeated",
         )
+        parser.add_argument("--failfast", action="store_true", help="stop at the first failing test")
         parser.add_argument(
             "-k",
             action="append",

@@ -17,13 +17,13 @@ BASE_DIR = Path(settings.BASE_DIR)
 # pytest's last line: "==== 3 passed, 1 deselected in 0.52s ====", its counts without the time.
 CLOSING_COUNTS = re.compile(r"=+ (.+) in [\d.]+s(?: \([\d:]+\))? =+")
 
-A_PASSING_AND_A_FAILING_TEST = """
-def test_passes():
-    pass
-
-
+A_FAILING_AND_A_PASSING_TEST = """
 def test_fails():
     assert "answer" == "other answer"
+
+
+def test_passes():
+    pass
 """
 
 A_MARKED_AND_AN_UNMARKED_TEST = """
@@ -65,14 +65,14 @@ def test_manage_py_test_runs_a_dotted_label_as_pytest_runs_its_module():
     assert "passed" in closing_counts(django.stdout)
 
 
-def test_a_failing_test_makes_manage_py_test_exit_non_zero(tmp_path: Path):
+def test_a_failing_test_makes_manage_py_test_exit_non_zero_and_failfast_stops_there(tmp_path: Path):
     module = tmp_path / "test_outcomes.py"
-    module.write_text(A_PASSING_AND_A_FAILING_TEST)
+    module.write_text(A_FAILING_AND_A_PASSING_TEST)
 
-    result = manage_py_test(str(module))
+    result = manage_py_test(str(module), "--failfast")
 
     assert result.returncode != 0
-    assert closing_counts(result.stdout) == "1 failed, 1 passed"
+    assert closing_counts(result.stdout) == "1 failed"
 
 
 @pytest.mark.parametrize(
