@@ -61,15 +61,17 @@ run: install var/secret_key
 	@if [ "$(INFERENCE_ENGINE)" = "vllm" ]; then $(MAKE) --no-print-directory model; fi
 	exec $(BIN)/python scripts/run.py
 
-# Everything on SQLite (as `make run`), then the unit and e2e tests again on PostgreSQL (as
-# production; a private cluster the tests start themselves). The vLLM and browser tests exercise
-# the model and the page, not the database: they run once, and so does the multi-host test (its
-# own PostgreSQL). Both runs always run; either failing fails the target.
+# Everything on SQLite (as `make run`), then again on PostgreSQL (as production; a private
+# cluster the tests start themselves) the tests that reach a database: the others cannot tell
+# the two apart. The vLLM and browser tests exercise the model and the page, not the database:
+# they run once, and so does the multi-host test (its own PostgreSQL). Both runs always run;
+# either failing fails the target. `manage.py test` is pytest with Django's labels and tags.
 test: install-vllm var/secret_key
 	$(BIN)/python manage.py prepare_model
 	status=0; \
-	$(BIN)/python -m pytest || status=1; \
-	$(BIN)/python -m pytest --database postgres -m "not vllm and not browser and not multihost" || status=1; \
+	$(BIN)/python manage.py test || status=1; \
+	$(BIN)/python manage.py test --database postgres --tag database \
+		--exclude-tag vllm --exclude-tag browser --exclude-tag multihost || status=1; \
 	exit $$status
 
 # Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak|peer|...` (docs/BENCHMARKS.md).

@@ -158,6 +158,8 @@ STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
 STATIC_ROOT = VAR_DIR / "staticfiles"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# `manage.py test` runs the suite with pytest, as `make test` does (labels and tags become its own).
+TEST_RUNNER = "tests.runner.PytestRunner"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")
 # Connections per pool (each process has a sync pool and one async pool per event loop).

@@ -18,7 +18,7 @@ import re
 import time
 import uuid
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import asynccontextmanager, suppress
 
 import redis
 import redis.asyncio as aioredis
@@ -359,6 +359,18 @@ class ResultFollower:
     def followed_streams(self) -> int:
         return len(self._subs)
 
+    async def close(self) -> None:
+        """Close its connections, on the loop that opened them (a connection left to the garbage
+        collector after its loop closed fails to close: "Event loop is closed")."""
+        if self._task is not None:
+            self._task.cancel()
+            with suppress(asyncio.CancelledError):
+                await self._task
+        for client in (self._reader, self._poker):
+            if client is not None:
+                await client.aclose(close_connection_pool=True)
+        self._reader = self._poker = None
+
     def _poke_into(self, pipe: aioredis.client.Pipeline) -> None:
         # Lost if the reader is reconnecting (or replacing its wake-up stream): it reads every
         # stream it follows anyway when it is back.
@@ -478,10 +490,25 @@ async def abandoned_request_ids(client: aioredis.Redis, jobs: list[Job]) -> set[
 
 
 _followers: dict[asyncio.AbstractEventLoop, ResultFollower] = {}
+# Each loop's follower closer (the loop itself keeps only a weak reference to a task).
+_closers: set[asyncio.Task[None]] = set()
 
 
 def result_follower() -> ResultFollower:
     loop = asyncio.get_running_loop()
     if loop not in _followers:
         _followers[loop] = ResultFollower()
+        closer = loop.create_task(_close_when_loop_ends(loop), name="result-follower-closer")
+        _closers.add(closer)
+        closer.add_done_callback(_closers.discard)
     return _followers[loop]
+
+
+async def _close_when_loop_ends(loop: asyncio.AbstractEventLoop) -> None:
+    """A loop run for one piece of work (asyncio.run: a quality run's in Celery, a test
+    client's) cancels its tasks before it closes: the follower then closes its connections
+    while the loop still can, and is forgotten. Daphne's loop lasts as long as the process."""
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await _followers.pop(loop).close()

@@ -3,6 +3,11 @@
 With `postgres` a private PostgreSQL cluster starts before Django reads its settings and
 DATABASE_URL points at it; pytest-django then creates and drops its test database there, and
 each end-to-end stack creates and drops a database of its own (tests/e2e/stack.py).
+
+Every test that reaches a database gets the marker `database`: those that ask for Django's test
+database (pytest-django's marker or fixtures) and the end-to-end tests; a test that reaches one
+of its own says so with the marker. The others cannot tell SQLite from PostgreSQL (pytest-django
+refuses them the database), so `make test` runs only these on PostgreSQL.
 """
 
 from __future__ import annotations
@@ -16,6 +21,15 @@ import pytest
 from launcher.postgres import PostgresServer
 
 _postgres: PostgresServer | None = None
+
+# pytest-django's fixtures that open Django's test database to a test.
+_DATABASE_FIXTURES = {
+    "db",
+    "transactional_db",
+    "django_db_reset_sequences",
+    "django_db_serialized_rollback",
+    "live_server",
+}
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -31,13 +45,26 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_load_initial_conftests(early_config, parser, args):
     global _postgres
     if early_config.known_args_namespace.database == "postgres":
-        _postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="test-postgres-")))
+        try:
+            _postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="test-postgres-")))
+        except RuntimeError as exc:  # PostgreSQL is not installed: one line says so
+            raise pytest.UsageError(str(exc)) from None
         _postgres.start()
         os.environ["DATABASE_URL"] = _postgres.url("support_chat")
     else:
         # The unit tests' database is SQLite in memory; e2e stacks make their own files.
         os.environ.pop("DATABASE_URL", None)
     return (yield)
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    reaches_database = (
+        item.get_closest_marker("django_db") is not None
+        or item.get_closest_marker("e2e") is not None
+        or not _DATABASE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+    )
+    if reaches_database:
+        item.add_marker(pytest.mark.database)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

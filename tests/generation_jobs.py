@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import uuid
 from datetime import datetime
 
+from django.conf import settings
 from django.utils import timezone
 
 from scheduler.generation import GenerationJob, Origin, SamplingParams, Tier
 from scheduler.models import Generation
 
 # The model name the test workers serve, and that the variants `stable` and `candidate` name.
-MODEL = os.environ["INFERENCE_MODEL_NAME"]
+MODEL = settings.INFERENCE_MODEL_NAME
 
 
 def generation_job(

@@ -18,7 +18,10 @@ _server: RedisServer | None = None
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     global _server
-    _server = RedisServer(Path(tempfile.mkdtemp(prefix="test-redis-")))
+    try:
+        _server = RedisServer(Path(tempfile.mkdtemp(prefix="test-redis-")))
+    except RuntimeError as exc:  # no redis-server: every test needs it, one line says so
+        raise pytest.UsageError(str(exc)) from None
     _server.start()
     os.environ["REDIS_URL"] = _server.url
     os.environ.setdefault("INFERENCE_ENGINE", "simulated")

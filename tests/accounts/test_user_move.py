@@ -16,6 +16,9 @@ from django.core.management import call_command
 
 from tests.database_plugin import postgres_server
 
+# Each test migrates a database of its own, of the suite's kind (SQLite or PostgreSQL).
+pytestmark = pytest.mark.database
+
 ROOT = Path(__file__).resolve().parents[2]
 SECRETS = {"username": "alice", "password": "correct horse battery", "api_key": "sk-moved-with-its-owner"}
 

@@ -4,12 +4,12 @@ Playwright's own browser download is never used (CI installs Debian's `chromium`
 """
 
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from playwright.sync_api import Browser, Page, sync_playwright
 
-CHROMIUM = Path("/usr/bin/chromium")
+from tests.machine import CHROMIUM
+
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -27,8 +27,6 @@ TIMEOUT_MS = 20_000
 # running in the main thread, and the e2e tests' asyncio.run() would refuse to start.
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: apt-get install chromium (see .ci/run)")
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         yield browser

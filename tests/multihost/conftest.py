@@ -1,11 +1,8 @@
-import os
-import shutil
 import tempfile
 from pathlib import Path
 
 import pytest
 
-from launcher.postgres import postgres_bindir
 from tests.multihost.topology import MultiHost
 
 # Long answers, so that a host dies mid-answer; limits that never refuse this test's traffic.
@@ -33,17 +30,6 @@ MULTIHOST_SETTINGS = {
 }
 
 
-def _missing() -> str | None:
-    for tool in ("ip", "nginx", "redis-server", "setpriv"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed (apt-get install iproute2 nginx redis-server util-linux)"
-    try:
-        postgres_bindir()
-    except RuntimeError as exc:
-        return f"{exc} (apt-get install postgresql)"
-    return None
-
-
 # What the scenarios measured, printed at the end of every run (docs/DEPLOY.md keeps a record).
 _MEASURED = pytest.StashKey[list[str]]()
 
@@ -64,15 +50,6 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: p
 
 @pytest.fixture(scope="session")
 def hosts():
-    if os.geteuid() != 0:
-        # A failure, as for a missing binary below: a skip would let `make test` pass without it.
-        pytest.fail(
-            "the multi-host test needs root (its hosts are network namespaces): run the tests as "
-            'root, or leave it out with -m "not multihost"'
-        )
-    missing = _missing()
-    if missing:
-        pytest.fail(missing)
     workdir = Path(tempfile.mkdtemp(prefix="multihost-"))
     workdir.chmod(0o755)  # PostgreSQL runs as its own account under it
     topology = MultiHost(workdir, **MULTIHOST_SETTINGS)

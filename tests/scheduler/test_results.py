@@ -1,5 +1,6 @@
 import asyncio
 import json
+import time
 
 import pytest
 import redis
@@ -19,7 +20,7 @@ from scheduler.generation import (
     event_decode,
 )
 from scheduler.redis import new_async_redis, sync_redis
-from scheduler.results import ResultFollower, ResultPublisher, parse_event_id
+from scheduler.results import ResultFollower, ResultPublisher, parse_event_id, result_follower
 
 U64_MAX = 2**64 - 1
 
@@ -85,6 +86,7 @@ def test_followers_get_every_event_in_order_from_their_own_cursor():
             return first_three, early_rest, late_events, follower.followed_streams
         finally:
             publishing.cancel()
+            await follower.close()
             await client.aclose()
 
     first_three, early_rest, late_events, followed_after = asyncio.run(scenario())
@@ -113,6 +115,7 @@ def test_one_follower_serves_many_streams_and_wakes_for_new_subscriptions():
             return events, waited
         finally:
             publishing.cancel()
+            await follower.close()
             await client.aclose()
 
     events, waited = asyncio.run(scenario())
@@ -138,6 +141,7 @@ def test_a_stream_redis_refuses_to_read_ends_alone_with_an_error_and_the_others_
             return bad_events, fine_events
         finally:
             publishing.cancel()
+            await follower.close()
             await client.aclose()
 
     bad_events, fine_events = asyncio.run(asyncio.wait_for(scenario(), 60))
@@ -166,6 +170,7 @@ def test_an_entry_that_is_not_an_event_ends_only_its_own_stream():
             return bad_events, fine_events
         finally:
             publishing.cancel()
+            await follower.close()
             await client.aclose()
 
     bad_events, fine_events = asyncio.run(asyncio.wait_for(scenario(), 60))
@@ -182,11 +187,14 @@ def test_a_token_whose_data_cannot_be_read_reads_as_the_error_that_ends_its_stre
 
     async def scenario():
         follower = ResultFollower()
-        async with follower.subscribe(model="v", request_id="garbled", after_id="0-0") as sub:
-            events = []
-            while len(events) < 2:
-                events += await sub.next_batch(5)
-            return [event.body for event in events]
+        try:
+            async with follower.subscribe(model="v", request_id="garbled", after_id="0-0") as sub:
+                events = []
+                while len(events) < 2:
+                    events += await sub.next_batch(5)
+                return [event.body for event in events]
+        finally:
+            await follower.close()
 
     fine, garbled = asyncio.run(asyncio.wait_for(scenario(), 60))
     assert fine.text == "Fine"
@@ -222,6 +230,7 @@ def test_subscribers_of_a_follower_that_dies_get_an_error_and_a_new_subscription
             return first_events, second_events
         finally:
             publishing.cancel()
+            await follower.close()
             await client.aclose()
 
     first_events, second_events = asyncio.run(asyncio.wait_for(scenario(), 60))
@@ -247,12 +256,14 @@ def test_a_follower_that_cannot_reach_redis_at_first_waits_for_it_instead_of_fai
         client = new_async_redis()
         publisher = ResultPublisher(client)
         publishing = asyncio.create_task(publisher.run())
+        follower = ResultFollower()
         try:
-            async with ResultFollower().subscribe(model="v", request_id="early", after_id="0-0") as early:
+            async with follower.subscribe(model="v", request_id="early", after_id="0-0") as early:
                 await publisher.emit("v", "early", Done(finish_reason="stop"))
                 return await _collect(early, "done")
         finally:
             publishing.cancel()
+            await follower.close()
             await client.aclose()
 
     events = asyncio.run(asyncio.wait_for(scenario(), 60))
@@ -377,3 +388,30 @@ def test_joined_tokens_keep_their_logprobs_in_order_and_a_parsers_pieces_stay_ap
     ]
     assert isinstance(tool[3], Reset)
     assert [(e.seq, e.text) for e in tool[4:]] == [(0, "Again.")]
+
+
+def test_a_follower_on_an_event_loop_that_ends_leaves_no_connection_to_redis_open():
+    """A quality run in Celery follows its answers on a loop of its own (asyncio.run): each run
+    left the follower's connections open for the life of the worker."""
+    before = {client["id"] for client in sync_redis().client_list()}
+
+    async def follow_one_answer():
+        client = new_async_redis()
+        publisher = ResultPublisher(client)
+        publishing = asyncio.create_task(publisher.run())
+        try:
+            async with result_follower().subscribe(model="v", request_id="q", after_id="0-0") as answer:
+                await publisher.emit("v", "q", Done(finish_reason="stop"))
+                await _collect(answer, "done")
+        finally:
+            publishing.cancel()
+            await client.aclose(close_connection_pool=True)
+
+    asyncio.run(asyncio.wait_for(follow_one_answer(), 60))
+
+    deadline = time.monotonic() + 10  # a hang guard: Redis drops a closed connection at once
+    while (opened := {client["id"] for client in sync_redis().client_list()} - before) and (
+        time.monotonic() < deadline
+    ):
+        time.sleep(0.05)
+    assert opened == set()
