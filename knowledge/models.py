@@ -91,9 +91,11 @@ class Sentence(models.Model):
 
 
 class KnowledgeBase(models.Model):
-    """One row (pk 1): the version of the whole help center."""
+    """One row (pk 1): the version of the whole help center, and the model its embeddings were
+    made with (knowledge.embedding.EMBEDDING_MODEL; a change re-embeds everything)."""
 
     version = models.PositiveBigIntegerField(default=1)
+    embedding_model = models.CharField(max_length=100, blank=True)
     updated_at = models.DateTimeField(auto_now=True)
 
 

@@ -17,9 +17,9 @@ from django.utils.text import slugify
 
 from knowledge.cache import answers_invalidate
 from knowledge.chunking import ChunkText, article_chunks, passage_sentences
-from knowledge.embedding import EMBEDDING_DIM, embed_passages
+from knowledge.embedding import EMBEDDING_DIM, EMBEDDING_MODEL, embed_passages, embed_queries
 from knowledge.index import current_index
-from knowledge.models import Article, Chunk, FormerSlug, KnowledgeBase, Sentence
+from knowledge.models import Article, CachedAnswer, Chunk, FormerSlug, KnowledgeBase, Sentence
 
 
 class ArticleFileRejected(ValueError):
@@ -48,7 +48,7 @@ def _version_raise(article: Article, *, passages_before: np.ndarray) -> None:
     dropped: those its passages before (`passages_before`) or after the change bear on
     (knowledge.cache.answers_invalidate)."""
     if not KnowledgeBase.objects.filter(pk=1).update(version=F("version") + 1):
-        KnowledgeBase.objects.get_or_create(pk=1, defaults={"version": 1})
+        KnowledgeBase.objects.get_or_create(pk=1, defaults={"version": 1, "embedding_model": EMBEDDING_MODEL})
     answers_invalidate(
         article=article,
         passages=np.concatenate([passages_before, _passages(article)]),
@@ -136,6 +136,29 @@ def article_status_set(*, article: Article, status: Article.Status) -> bool:
         # Its chunks stay (a retired article's are only left out of the index): before = after.
         _version_raise(article, passages_before=_passages(article))
     return True
+
+
+def embeddings_stale() -> bool:
+    """Whether the stored embeddings were made with another model than the one that embeds
+    questions now (they would not compare)."""
+    made_with = KnowledgeBase.objects.values_list("embedding_model", flat=True).filter(pk=1).first()
+    return made_with is not None and made_with != EMBEDDING_MODEL and Article.objects.exists()
+
+
+def embeddings_make_again() -> int:
+    """Embed every article's passages and sentences, and every cached question, with the current
+    model, in one transaction with a new version. Returns the articles embedded."""
+    with transaction.atomic():
+        articles = list(Article.objects.all())
+        for article in articles:
+            _chunks_replace(article)
+        entries = list(CachedAnswer.objects.only("pk", "question"))
+        vectors = embed_queries([entry.question for entry in entries])
+        for entry, vector in zip(entries, vectors, strict=True):
+            CachedAnswer.objects.filter(pk=entry.pk).update(embedding=vector.tobytes())
+        KnowledgeBase.objects.filter(pk=1).update(version=F("version") + 1, embedding_model=EMBEDDING_MODEL)
+        transaction.on_commit(current_index.forget)
+    return len(articles)
 
 
 def article_file_read(path: Path) -> ArticleFile:

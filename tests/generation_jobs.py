@@ -49,6 +49,7 @@ def generation_record(
     ttft_ms: float | None = None,
     origin: Origin = Origin.CHAT,
     finished_at: datetime | None = None,
+    grounding: dict | None = None,
 ) -> Generation:
     """A generation as admission and its worker leave it (pending ones are not finished)."""
     return Generation.objects.create(
@@ -61,5 +62,6 @@ def generation_record(
         text=text,
         error_code=error_code,
         ttft_ms=ttft_ms,
+        grounding=grounding,
         finished_at=None if status == "pending" else (finished_at or timezone.now()),
     )

@@ -1,11 +1,13 @@
 """Console pages through HTTP: who may see them, what they show, what their forms change."""
 
 import json
+from datetime import timedelta
 
 import pytest
 from django.core.checks import run_checks
 from django.test import Client
 from django.urls import resolve
+from django.utils import timezone
 
 from accounts.models import User
 from admin_console import urls as console_urls
@@ -17,7 +19,7 @@ from scheduler.models import TierPolicy, Variant
 from scheduler.queues import job_enqueue
 from scheduler.routing import canary_split
 from tests.admin_console.conftest import heartbeat, quality_scored
-from tests.generation_jobs import MODEL, generation_job
+from tests.generation_jobs import MODEL, generation_job, generation_record
 
 pytestmark = pytest.mark.django_db
 
@@ -213,6 +215,26 @@ def test_staff_name_a_variant_s_tool_call_parser_for_auto_tool_choice(client_sta
     assert Variant.objects.get(name="stable").tool_call_parser == "pythonic"
     entry = AuditLog.objects.get(action="variant.update", target="stable")
     assert (entry.before["tool_call_parser"], entry.after["tool_call_parser"]) == ("", "pythonic")
+
+
+def test_each_variant_shows_what_its_answers_of_the_last_hour_were_checked_for(client_staff):
+    verified = {"style": "verified", "checked": 3, "replaced": 1, "dropped": 0, "declined": ""}
+    generation_record(variant="candidate", grounding=verified)
+    generation_record(variant="candidate", grounding={**verified, "replaced": 0, "checked": 2})
+    generation_record(
+        variant="candidate", grounding={**verified, "checked": 0, "replaced": 0, "declined": "far"}
+    )
+    generation_record(
+        variant="candidate", grounding=verified, finished_at=timezone.now() - timedelta(hours=2)
+    )
+    Variant.objects.filter(name="candidate").update(answer_style="verified")
+    page = client_staff.get("/console/variants").content.decode()
+    line = page.split('data-grounding="candidate"')[1].split("</p>")[0]
+    assert "<strong>3</strong>, 1 declined (33 %)" in line
+    assert (
+        "5 sentences checked, 1 replaced by the help center's own and 0 left out, in 1 answers" in line
+    )
+    assert "none" in page.split('data-grounding="stable"')[1].split("</p>")[0]
 
 
 def test_each_variant_shows_its_latest_quality_score_and_whether_it_predates_an_edit(client_staff):

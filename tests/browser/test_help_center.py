@@ -1,5 +1,6 @@
-"""The help center in a real browser: an answer lists the articles it was written from, and
-their links open the article."""
+"""The help center in a real browser, with the answer style `make run` ships (extractive): an
+answer quotes the help center in the customer's language and lists the articles it quotes, whose
+links open them; a question it does not answer gets the decline."""
 
 import pytest
 from playwright.sync_api import Page, expect
@@ -13,7 +14,7 @@ pytestmark = [pytest.mark.browser, pytest.mark.e2e]
 
 @pytest.fixture(scope="module")
 def stack():
-    for stack in running_stack():
+    for stack in running_stack(CHAT_ANSWER_STYLE="extractive"):
         done = stack.manage("import_articles", str(DEMO_HELP_CENTER))
         assert done.returncode == 0, done.stderr
         yield stack
@@ -47,6 +48,23 @@ def test_an_answer_shows_its_sources_as_links_to_the_articles(page, stack):
     assert errors == []
 
 
-def test_an_answer_the_help_center_does_not_cover_shows_no_sources(page, stack):
+def test_a_question_in_french_is_answered_from_the_french_articles(page, stack):
+    answer = _ask(page, "Combien coûte une étiquette de retour ?")
+    expect(answer.locator(".bubble__content")).to_contain_text("$6.50")
+    expect(answer.locator(".bubble__content")).to_contain_text("étiquette de retour")
+    expect(answer.get_by_role("navigation", name="Sources").get_by_role("link")).to_have_attribute(
+        "href", "/help/returns-policy-fr"
+    )
+
+
+def test_a_table_row_is_shown_as_a_table_under_its_header(page, stack):
+    answer = _ask(page, "What does next-day delivery cost?")
+    table = answer.locator(".bubble__content table")
+    expect(table.locator("th").first).to_have_text("Method")
+    expect(table).to_contain_text("$24.95")
+
+
+def test_an_answer_the_help_center_does_not_cover_is_the_decline_with_no_sources(page, stack):
     answer = _ask(page, "What is the capital of France?")
+    expect(answer.locator(".bubble__content")).to_contain_text("I couldn't find this in our help center")
     expect(answer.locator(".bubble__sources")).to_have_count(0)

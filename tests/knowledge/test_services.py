@@ -13,7 +13,7 @@ from admin_console.models import AuditLog
 from knowledge import services
 from knowledge.embedding import EMBEDDING_DIM
 from knowledge.index import knowledge_base_version
-from knowledge.models import Article, Chunk
+from knowledge.models import Article, Chunk, KnowledgeBase
 from tests.knowledge.conftest import DEMO_HELP_CENTER
 
 pytestmark = pytest.mark.django_db
@@ -68,10 +68,12 @@ def _import(folder: Path) -> str:
 
 def test_the_demo_help_center_imports_once_and_a_second_import_changes_nothing():
     first = _import(DEMO_HELP_CENTER)
-    count = len(list(DEMO_HELP_CENTER.glob("*.md")))
-    assert count >= 30
+    count = len(list(DEMO_HELP_CENTER.glob("*.md"))) + len(list(DEMO_HELP_CENTER.glob("*/*.md")))
+    assert count == 4 * 36  # in English, French, Spanish and German
     assert f"{count} created, 0 updated, 0 unchanged, 0 skipped" in first
-    assert "created returns-policy" in first
+    assert "created returns-policy (" in first and "created returns-policy-fr (" in first
+    french = Article.objects.get(slug="returns-policy-fr")
+    assert (french.language, french.translation_of.slug) == ("fr", "returns-policy")
     version = knowledge_base_version()
     chunks = Chunk.objects.count()
 
@@ -93,5 +95,29 @@ def test_an_import_updates_changed_files_and_reports_files_it_cannot_read(tmp_pa
         call_command("import_articles", str(tmp_path), stdout=StringIO(), stderr=err)
     assert "notes.md: the first line must be the title" in err.getvalue()
     assert Article.objects.get(slug="returns").body == "Within 60 days."
+
+
+def test_a_translation_without_its_original_is_reported_and_the_rest_imported(tmp_path):
+    (tmp_path / "returns.md").write_text("# Returns\n\nWithin 30 days.")
+    (tmp_path / "fr").mkdir()
+    (tmp_path / "fr" / "returns.md").write_text("# Retours\n\nSous 30 jours.")
+    (tmp_path / "fr" / "gifts.md").write_text("# Cadeaux\n\nPapier cadeau.")
+    err = StringIO()
+    with pytest.raises(CommandError, match="1 file"):
+        call_command("import_articles", str(tmp_path), stdout=StringIO(), stderr=err)
+    assert "fr/gifts.md: " in err.getvalue() and "no article 'gifts' to translate" in err.getvalue()
+    assert Article.objects.get(slug="returns-fr").translation_of.slug == "returns"
     update = AuditLog.objects.get(action=AuditLog.Action.ARTICLE_UPDATE)
     assert [name for name, _, _ in update.changes()] == ["body_sha256"]
+
+
+def test_articles_embedded_with_another_model_are_embedded_again_on_the_next_import(db):
+    call_command("import_articles", str(DEMO_HELP_CENTER), stdout=StringIO())
+    KnowledgeBase.objects.update(embedding_model="all-MiniLM-L6-v2")
+    Chunk.objects.update(embedding=bytes(4 * EMBEDDING_DIM))
+    assert services.embeddings_stale()
+    said = StringIO()
+    call_command("import_articles", str(DEMO_HELP_CENTER), stdout=said)
+    assert "embedded again 144 articles" in said.getvalue()
+    assert not services.embeddings_stale()
+    assert not Chunk.objects.filter(embedding=bytes(4 * EMBEDDING_DIM)).exists()

@@ -18,7 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from admin_console import services as console_services
 from knowledge.embedding import EmbedderUnavailable
 from knowledge.models import Article
-from knowledge.services import ArticleFileRejected, article_file_read
+from knowledge.services import ArticleFileRejected, article_file_read, embeddings_make_again, embeddings_stale
 
 
 class Command(BaseCommand):
@@ -39,8 +39,16 @@ class Command(BaseCommand):
         paths = sorted(folder.glob("*.md")) + translations  # originals first: translations name them
         if not paths:
             raise CommandError(f"{folder} has no .md files")
+        try:
+            if embeddings_stale():
+                count = embeddings_make_again()
+                self.stdout.write(f"embedded again {count} articles made with another embedding model")
+        except EmbedderUnavailable as exc:
+            raise CommandError(str(exc)) from exc
         created, updated, unchanged, failed = [], [], [], []
-        for path in paths:
+        # Embedding a new article's sentences takes a moment (a minute for the demo help
+        # center's 144 the first time): each one is reported as it is done.
+        for n, path in enumerate(paths, start=1):
             try:
                 article_file = article_file_read(path)
                 article = Article.objects.filter(slug=article_file.slug).first()
@@ -49,9 +57,7 @@ class Command(BaseCommand):
                     if article_file.translates:
                         original = Article.objects.filter(slug=article_file.translates).first()
                         if original is None:
-                            raise ArticleFileRejected(
-                                f"{path}: no article {article_file.translates!r} to translate"
-                            )
+                            raise ArticleFileRejected(f"no article {article_file.translates!r} to translate")
                     console_services.article_create(
                         actor=None,
                         slug=article_file.slug,
@@ -61,6 +67,7 @@ class Command(BaseCommand):
                         translation_of=original,
                     )
                     created.append(article_file.slug)
+                    self.stdout.write(f"created {article_file.slug} ({n}/{len(paths)})")
                 elif console_services.article_update(
                     actor=None,
                     article=article,
@@ -69,16 +76,13 @@ class Command(BaseCommand):
                     body=article_file.body,
                 ):
                     updated.append(article_file.slug)
+                    self.stdout.write(f"updated {article_file.slug} ({n}/{len(paths)})")
                 else:
                     unchanged.append(article_file.slug)
             except (ArticleFileRejected, ValidationError) as exc:
                 failed.append(f"{path.relative_to(folder)}: {exc}")
             except EmbedderUnavailable as exc:
                 raise CommandError(str(exc)) from exc
-        for slug in created:
-            self.stdout.write(f"created {slug}")
-        for slug in updated:
-            self.stdout.write(f"updated {slug}")
         for problem in failed:
             self.stderr.write(f"skipped {problem}")
         self.stdout.write(
