@@ -7,8 +7,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from django.conf import settings
-from django.db import DatabaseError
 from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.db import DatabaseError
 
 from knowledge.embedding import PACKAGE_PIN, embedder_problem
 
