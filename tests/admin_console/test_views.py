@@ -231,9 +231,7 @@ def test_each_variant_shows_what_its_answers_of_the_last_hour_were_checked_for(c
     page = client_staff.get("/console/variants").content.decode()
     line = page.split('data-grounding="candidate"')[1].split("</p>")[0]
     assert "<strong>3</strong>, 1 declined (33 %)" in line
-    assert (
-        "5 sentences checked, 1 replaced by the help center's own and 0 left out, in 1 answers" in line
-    )
+    assert "5 sentences checked, 1 replaced by the help center's own and 0 left out, in 1 answers" in line
     assert "none" in page.split('data-grounding="stable"')[1].split("</p>")[0]
 
 
