@@ -62,6 +62,9 @@ class KnowledgeIndex:
     # Per sentence: its chunk and its article (indexes), for scoring without Python loops.
     sentence_chunk: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     sentence_article: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    sentence_language: np.ndarray = field(default_factory=lambda: np.zeros(0, "<U2"))
+    # Per kind of fact (knowledge.facts), which sentences state one.
+    sentence_fact_kinds: dict[str, np.ndarray] = field(default_factory=dict)
     article_terms: list[frozenset[str]] = field(default_factory=list)
     lexicons: dict[str, Lexicon] = field(default_factory=dict)
 
@@ -131,6 +134,13 @@ def index_build() -> KnowledgeIndex:
     index.sentence_matrix = _matrix(sentence_vectors)
     index.sentence_chunk = np.array(sentence_chunk, dtype=np.int64)
     index.sentence_article = np.array([index.chunks[c].article for c in sentence_chunk], dtype=np.int64)
+    index.sentence_language = np.array(
+        [index.articles[a].language for a in index.sentence_article], dtype="<U2"
+    )
+    kinds = {kind for sentence in index.sentences for kind in sentence.fact_kinds}
+    index.sentence_fact_kinds = {
+        kind: np.array([kind in sentence.fact_kinds for sentence in index.sentences]) for kind in kinds
+    }
     index.article_terms = [frozenset(found) for found in words_of_article]
     for language in index.languages:
         index.lexicons[language] = Lexicon.build(

@@ -27,7 +27,7 @@ import numpy as np
 from knowledge.embedding import embed_queries
 from knowledge.index import KnowledgeIndex, current_index
 from knowledge.language import text_language
-from knowledge.terms import Lexicon, coverage
+from knowledge.terms import coverage
 
 # Weights, on the scale of a cosine similarity (knowledge/questions/tuning.json).
 PASSAGE_WEIGHT = 0.5  # the passage's similarity beside the sentence's own (weight 1)
@@ -80,22 +80,9 @@ class Retrieval:
     question: str
     language: str  # the customer's language
     searched_language: str  # the articles' language searched
-    question_terms: tuple[str, ...]
     ranked: tuple[Ranked, ...]
     similarity: float  # the best plain similarity of the question to a sentence searched
     follow_up: bool
-
-    @property
-    def lexicon(self) -> Lexicon | None:
-        return self.index.lexicons.get(self.searched_language)
-
-    def article_coverage(self, sentence: int) -> float:
-        """The share of the question's rare terms the sentence's article holds."""
-        lexicon = self.lexicon
-        if lexicon is None:
-            return 0.0
-        found = self.index.article_terms[int(self.index.sentence_article[sentence])]
-        return coverage(list(self.question_terms), set(found), lexicon)
 
 
 def _originals_language(index: KnowledgeIndex) -> str:
@@ -142,7 +129,7 @@ def retrieve(
     score = (
         dense[0] if len(queries) == 1 else (dense[0] + FOLLOW_UP_WEIGHT * dense[1]) / (1 + FOLLOW_UP_WEIGHT)
     )
-    in_language = np.array([index.articles[a].language == searched for a in index.sentence_article])
+    in_language = index.sentence_language == searched
     lexicon = index.lexicons[searched]
     question_terms = lexicon.question_terms(question)
     # A follow-up's subject is often in the message before it ("Japan", then "how long?"): it
@@ -161,7 +148,10 @@ def retrieve(
         score = score + SENTENCE_TERMS_WEIGHT * sentence_cover
     wanted = _asks_for(question)
     if wanted:
-        score = score + FACT_KIND_WEIGHT * np.array([bool(wanted & s.fact_kinds) for s in index.sentences])
+        answering = np.zeros(len(index.sentences), dtype=bool)
+        for kind in wanted & index.sentence_fact_kinds.keys():
+            answering |= index.sentence_fact_kinds[kind]
+        score = score + FACT_KIND_WEIGHT * answering
     if previous_sources:
         originals = {article.original for article in index.articles if article.slug in set(previous_sources)}
         quoted = np.array([article.original in originals for article in index.articles])
@@ -173,7 +163,6 @@ def retrieve(
         question=question,
         language=language,
         searched_language=searched,
-        question_terms=tuple(question_terms),
         ranked=tuple(Ranked(int(i), float(score[i])) for i in best if np.isfinite(score[i])),
         similarity=float(np.max(np.where(in_language, sentence_scores[0], -1.0))),
         follow_up=bool(history),
