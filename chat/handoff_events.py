@@ -102,8 +102,13 @@ _TYPES: dict[str, type[Any]] = {
 TYPING_FRESH_S = 6.0
 
 
+def event_data(body: ConversationEventBody) -> dict[str, Any]:
+    """An event's fields as the pages read them (SSE `data`, the inbox socket's `data`)."""
+    return asdict(body)
+
+
 def event_encode(body: ConversationEventBody) -> tuple[str, str]:
-    return body.type, json.dumps(asdict(body), separators=(",", ":"))
+    return body.type, json.dumps(event_data(body), separators=(",", ":"))
 
 
 def event_decode(kind: str, data: dict[str, Any]) -> ConversationEventBody:
@@ -201,5 +206,10 @@ def stream_last_id(conversation_id: str) -> str:
 
 
 def inbox_last_id() -> str:
-    last = sync_redis().xrevrange(keys.INBOX_EVENTS, count=1)
+    """The inbox stream's last id; "0-0" while Redis cannot say (a replay only makes the inbox
+    look again)."""
+    try:
+        last = sync_redis().xrevrange(keys.INBOX_EVENTS, count=1)
+    except (redis.ConnectionError, redis.TimeoutError):
+        return "0-0"
     return last[0][0] if last else "0-0"

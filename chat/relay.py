@@ -149,7 +149,7 @@ def _conversation_frame(event: handoff_events.ConversationEvent) -> bytes | None
         handoff_events.TYPING_FRESH_S * 1000
     ):
         return None  # replayed after a reconnect: nobody is typing that any more
-    return sse_event(body.type, dataclasses.asdict(body), event.id)
+    return sse_event(body.type, handoff_events.event_data(body), event.id)
 
 
 async def relay_conversation(*, conversation_id: str, after_id: str, waiting: bool) -> AsyncIterator[bytes]:
