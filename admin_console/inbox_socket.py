@@ -61,6 +61,10 @@ def _typing(user: User, conversation_id: str) -> None:
 
 
 class InboxConsumer(AsyncJsonWebsocketConsumer):
+    # No channel layer: the socket's feed is the inbox's stream. A consumer on the layer also
+    # blocks on its own channel, and a read that outlived Redis's socket timeout (nothing sent
+    # to it for 5 s) ended the socket.
+    channel_layer_alias = "inbox sockets use none"
     tab_id = ""
     user: User
 

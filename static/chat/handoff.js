@@ -290,6 +290,15 @@ function onComposerInput() {
   post(panel.root.dataset.typingUrl).catch(() => {});
 }
 
+/** A message the stream showed before the composer's own response arrived is shown once. */
+function dropRepeatedMessages() {
+  const seen = new Set();
+  document.querySelectorAll("#messages [data-message-id]").forEach((bubble) => {
+    if (seen.has(bubble.dataset.messageId)) bubble.remove();
+    else seen.add(bubble.dataset.messageId);
+  });
+}
+
 /** A second thumbs-down in the conversation offers a person. */
 function onFeedbackSwap() {
   if (state !== "assistant") return;
@@ -339,6 +348,7 @@ export function attachHandoff() {
   const input = document.getElementById("message-input");
   if (input) input.addEventListener("input", onComposerInput);
   document.body.addEventListener("htmx:afterSwap", onFeedbackSwap);
+  document.body.addEventListener("htmx:afterSwap", dropRepeatedMessages);
   document.body.addEventListener("handoff", onHeldMessage);
   document.getElementById("messages").addEventListener("answer-done", onAnswerDone);
 
