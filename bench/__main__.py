@@ -176,13 +176,15 @@ def main() -> None:
             seed=args.seed,
             keep_going=args.keep_going,
         )
-        picked = report["picked"]
+        picked, first = report["picked"], report["first_named"]
+        if first is not None:
+            print(f"first named {first['better']} at {first['conversations']} conversations")
         if picked is None:
             print(f"no arm picked after {report['customers']} customers")
         else:
             print(
                 f"picked {picked['better']} after {picked['conversations']} conversations "
-                f"({picked['customers']} customers)"
+                f"({picked['customers']} customers), the verdict held at the next reads"
             )
         for arm in report["final"]["arms"]:
             print(

@@ -14,10 +14,13 @@ fails too). A simulated agent claims those waiting in the console's inbox, repli
 resolves; the customer rates the agent.
 
 The experiment is read every few customers exactly as the console reads it
-(chat.outcomes.experiment_results, here on the stack's database): the first time it names the
-better arm, the number of conversations it had is noted, and no new customers come. A
-conversation counts as resolved by the assistant once ASSISTANT_RESOLVED_WINDOW_S has passed
-without a hand-off, a thumbs-down or the customer coming back: here a few seconds, not a day.
+(chat.outcomes.experiment_results, here on the stack's database). Reading it again and again
+and stopping at the first verdict would stop on flukes (the first run named an arm at 70
+customers and took it back at 77): the experiment has picked once the console has named the
+same arm at PICK_AFTER_READS reads in a row; the number of conversations it had at the first
+of those reads is what it needed, and then no new customers come. A conversation counts as
+resolved by the assistant once ASSISTANT_RESOLVED_WINDOW_S has passed without a hand-off, a
+thumbs-down or the customer coming back: here a few seconds, not a day.
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ ARMS: dict[str, dict[str, Any]] = {
 SIGNED_IN_SHARE = 0.5  # of customers; only they can rate an answer down
 PERSON_SHARE = 0.5  # of the unsatisfied, who ask for a person at once (the others come back)
 EVALUATE_EVERY = 10  # customers
+PICK_AFTER_READS = 3  # the same verdict, read after each of this many tens of customers
 RESOLVED_WINDOW_S = 10.0
 AGENT_REPLY_AFTER_S = 1.0
 AGENT_RESOLVE_AFTER_S = 1.0
@@ -293,6 +297,7 @@ async def _run(
     agent = asyncio.create_task(_agent(stack, stop_agent))
     evaluations: list[dict[str, Any]] = []
     picked: dict[str, Any] | None = None
+    streak: list[dict[str, Any]] = []  # the latest reads that named the same arm
     launched = finished = 0
     running: set[asyncio.Task[None]] = set()
     started = time.monotonic()
@@ -317,8 +322,12 @@ async def _run(
                 for arm in now["arms"]
             )
             print(f"  {finished:4} customers  {arms}  better: {now['better'] or '-'}", flush=True)
-            if picked is None and now["better"]:
-                picked = now
+            if not now["better"] or (streak and streak[0]["better"] != now["better"]):
+                streak = []
+            if now["better"]:
+                streak.append(now)
+            if picked is None and len(streak) >= PICK_AFTER_READS:
+                picked = streak[0]
     # Let the last conversations be decided, then read the experiment once more.
     await asyncio.sleep(RESOLVED_WINDOW_S + 1)
     final = await asyncio.to_thread(_results, experiment_id)

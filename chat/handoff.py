@@ -262,7 +262,7 @@ def handoff_rate(*, conversation: Conversation, rating: int, comment: str = "") 
     )
     if not rated:
         raise HandoffConflict("You have rated this conversation already. Thank you!")
-    transaction.on_commit(lambda: events.events_publish(str(conversation.pk), [], inbox=True))
+    _publish(conversation.pk, [])  # the inbox shows the rating
     latest.refresh_from_db()
     return latest
 
@@ -361,7 +361,7 @@ def agent_note(*, conversation_id: UUID, agent: User, text: str) -> AgentNote:
             conversation=conversation, author=agent, author_name=agent_display_name(agent), text=text
         )
         # Other agents' inboxes look again; the conversation's own stream (the customer's) never hears of it.
-        transaction.on_commit(lambda: events.events_publish(str(conversation_id), [], inbox=True))
+        _publish(conversation_id, [])
     return note
 
 

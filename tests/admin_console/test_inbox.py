@@ -21,7 +21,7 @@ from chat.handoff_selectors import inbox_snapshot, offers
 from chat.models import AgentNote, AgentProfile, Conversation, Handoff, Message
 from chat.presence import agents_online, presence_beat
 from config.routing import application
-from tests.chat.test_handoff import make_agent
+from tests.chat.conftest import make_agent
 from tests.generation_jobs import generation_record
 
 CONVERSATION = "6f1c2a52-93a4-4a43-9f0e-3c1d0c2b7a10"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.contrib.auth.models import Permission
 
 from accounts.models import User
 from chat import handoff
@@ -16,15 +15,9 @@ from chat.models import AgentNote, AgentProfile, Conversation, Handoff, Message
 from chat.presence import presence_beat
 from scheduler import keys
 from scheduler.redis import sync_redis
+from tests.chat.conftest import make_agent
 
 pytestmark = pytest.mark.django_db
-
-
-def make_agent(username: str, *, display_name: str = "", capacity: int = 3) -> User:
-    agent = User.objects.create_user(username, password="pw", is_staff=True)
-    agent.user_permissions.add(Permission.objects.get(codename="agent", content_type__app_label="chat"))
-    AgentProfile.objects.create(user=agent, display_name=display_name, capacity=capacity)
-    return User.objects.get(pk=agent.pk)  # permissions are cached per instance
 
 
 def stream_events(conversation: Conversation) -> list[tuple[str, dict]]:

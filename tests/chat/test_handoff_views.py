@@ -17,7 +17,7 @@ from chat.consumers import events_url
 from chat.models import Conversation, Handoff, Message
 from config.routing import application
 from scheduler.models import Generation
-from tests.chat.test_handoff import make_agent
+from tests.chat.conftest import make_agent
 
 DEADLINE_S = 10
 JSON = {"Accept": "application/json"}

@@ -22,7 +22,7 @@ from chat.outcomes import (
 )
 from scheduler.models import Experiment
 from scheduler.routing import ExperimentSplit
-from tests.chat.test_handoff import make_agent
+from tests.chat.conftest import make_agent
 from tests.generation_jobs import generation_record
 
 pytestmark = pytest.mark.django_db
