@@ -337,17 +337,18 @@ async def _run(
         "customers": finished,
         "customer_outcomes": dict(customers.outcomes),
         "agent": dict(agent_done),
-        "picked": None
-        if picked is None
-        else {
-            "better": picked["better"],
-            "conversations": picked["conversations"],
-            "customers": picked["customers"],
-        },
+        "picked": _verdict(picked),
+        "first_named": _verdict(next((read for read in evaluations if read["better"]), None)),
         "evaluations": evaluations,
         "final": final,
         "elapsed_s": round(time.monotonic() - started, 1),
     }
+
+
+def _verdict(read: dict[str, Any] | None) -> dict[str, Any] | None:
+    if read is None:
+        return None
+    return {"better": read["better"], "conversations": read["conversations"], "customers": read["customers"]}
 
 
 def _pct(interval: dict[str, Any]) -> str:
