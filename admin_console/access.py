@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.auth.models import AnonymousUser
 from django.contrib.auth.views import redirect_to_login
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 
 View = Callable[..., HttpResponse]
@@ -32,5 +32,30 @@ def staff_required(view: View) -> View:
         if not request.user.is_authenticated and resumable:
             return redirect_to_login(request.get_full_path())
         return render(request, "admin_console/forbidden.html", status=403)
+
+    return checked
+
+
+def is_agent(user: AbstractBaseUser | AnonymousUser) -> bool:
+    """Console staff with the agent permission: they answer customers (staff alone do not)."""
+    return is_console_user(user) and user.has_perm("chat.agent")
+
+
+def agent_required(view: View) -> View:
+    """Agents pass. Those who are not staff are refused as everywhere in the console (a visitor
+    asking for a page signs in first); staff without the agent permission get 403: a page
+    saying why for a page, the JSON error for an action (the inbox's script shows its message)."""
+
+    @wraps(view)
+    def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if is_agent(request.user):
+            return view(request, *args, **kwargs)
+        if not is_console_user(request.user):
+            return staff_required(view)(request, *args, **kwargs)
+        wants_json = "application/json" in request.headers.get("Accept", "")
+        if request.method == "GET" and not getattr(request, "htmx", False) and not wants_json:
+            return render(request, "admin_console/forbidden.html", {"agents_only": True}, status=403)
+        message = "Only agents answer customers: ask an administrator for the agent permission."
+        return JsonResponse({"error": {"code": "not_an_agent", "message": message}}, status=403)
 
     return checked

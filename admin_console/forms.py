@@ -12,6 +12,7 @@ from accounts.models import ACCOUNT_TIER_CHOICES, User
 from admin_console.models import CanaryRollout, validate_canary_steps
 from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS, VARIANT_FIELDS
 from api.models import ApiKey
+from chat.models import AgentProfile, HandoffSettings
 from knowledge.models import Article
 from scheduler.models import TierPolicy, Variant
 
@@ -199,3 +200,36 @@ class ArticleForm(forms.ModelForm):
             "body": "Sections start with ## headings; each section is quoted on its own in answers.",
         }
         widgets = {"body": forms.Textarea(attrs={"rows": 18, "class": "mono"})}
+
+
+class AgentProfileForm(forms.ModelForm):
+    class Meta:
+        model = AgentProfile
+        fields = ["display_name", "capacity"]
+
+
+class HandoffTargetForm(forms.ModelForm):
+    class Meta:
+        model = HandoffSettings
+        fields = ["first_response_target_s"]
+        labels = {"first_response_target_s": "First-response target (s)"}
+
+
+class ExperimentStartForm(forms.Form):
+    variant_a = forms.ChoiceField(label="First variant")
+    variant_b = forms.ChoiceField(label="Second variant")
+    split_percent = forms.IntegerField(
+        min_value=1, max_value=99, initial=50, label="Customers on the first variant (%)"
+    )
+
+    def __init__(self, *args: Any, variants: list[str], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        choices = [(name, name) for name in variants]
+        self.fields["variant_a"].choices = choices
+        self.fields["variant_b"].choices = choices
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        if cleaned.get("variant_a") and cleaned.get("variant_a") == cleaned.get("variant_b"):
+            raise forms.ValidationError("An experiment compares two different variants.")
+        return cleaned

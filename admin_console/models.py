@@ -34,6 +34,15 @@ class AuditLog(models.Model):
         ARTICLE_UPDATE = "article.update", "Help article edited"
         ARTICLE_RETIRE = "article.retire", "Help article retired"
         ARTICLE_RESTORE = "article.restore", "Help article restored"
+        HANDOFF_CLAIM = "handoff.claim", "Conversation claimed by an agent"
+        HANDOFF_REPLY = "handoff.reply", "Agent replied to a customer"
+        HANDOFF_NOTE = "handoff.note", "Agent left a private note"
+        HANDOFF_HAND_BACK = "handoff.hand_back", "Conversation handed back to the assistant"
+        HANDOFF_RESOLVE = "handoff.resolve", "Conversation resolved by an agent"
+        AGENT_PROFILE = "agent.profile", "Agent profile changed"
+        HANDOFF_TARGET = "handoff.target", "First-response target changed"
+        EXPERIMENT_START = "experiment.start", "A/B experiment started"
+        EXPERIMENT_END = "experiment.end", "A/B experiment ended"
 
     # Automatic changes (the canary's evaluation) have no actor; the name survives the account.
     actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)

@@ -18,7 +18,7 @@ from knowledge.quality import VariantSettings
 from scheduler import keys, timeseries
 from scheduler.autoscale import workers_desired
 from scheduler.generation import Origin
-from scheduler.models import CacheResult, CanaryRouting, Generation, TierPolicy, Variant
+from scheduler.models import CacheResult, CanaryRouting, Experiment, Generation, TierPolicy, Variant
 from scheduler.queues import queue_state
 from scheduler.routing import variant_models
 from scheduler.warmpool import warm_spares
@@ -600,3 +600,14 @@ def quality_gate(*, stable_variant: str, candidate_variant: str) -> QualityGate:
             f"{stable_variant}'s ({stable.overall:.3f}).",
         )
     return QualityGate(True, "")
+
+
+# --- A/B experiments ------------------------------------------------------------------------------
+
+
+def experiment_running() -> Experiment | None:
+    return Experiment.objects.filter(status=Experiment.Status.RUNNING).first()
+
+
+def experiments_ended(*, limit: int = 10) -> QuerySet[Experiment]:
+    return Experiment.objects.filter(status=Experiment.Status.ENDED)[:limit]

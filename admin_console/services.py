@@ -1,5 +1,6 @@
 """Writes for the console: rate-limit policies, model variants, pinned answers, the canary,
-worker drains, API keys and their limits, help articles.
+worker drains, API keys and their limits, help articles, agents' work on conversations handed
+off to a person, and A/B experiments.
 
 Every change lands in the audit log (who, when, before, after) and reaches the scheduler's
 Redis mirror right after it commits, so it applies within a second without a restart.
@@ -12,6 +13,7 @@ import hashlib
 import secrets
 from datetime import datetime, timedelta
 from typing import Any
+from uuid import UUID
 
 from channels.db import database_sync_to_async
 from django.conf import settings
@@ -24,6 +26,8 @@ from admin_console.models import AuditLog, CanaryRollout, QualityRun
 from api import keys as api_keys
 from api.keys import IssuedApiKey
 from api.models import ApiKey
+from chat import handoff
+from chat.models import AgentNote, AgentProfile, Conversation, HandoffSettings, Message
 from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
 from knowledge import services as knowledge_services
@@ -37,9 +41,9 @@ from knowledge.quality import (
     queue_answerer,
 )
 from scheduler import control
-from scheduler.models import CanaryRouting, TierPolicy, Variant, WarmPool
+from scheduler.models import CanaryRouting, Experiment, TierPolicy, Variant, WarmPool
 from scheduler.policy import policies_mirror
-from scheduler.routing import canary_mirror
+from scheduler.routing import canary_mirror, experiment_mirror
 from scheduler.warmpool import spares_mirror
 from scheduler.workers import live_workers
 
@@ -730,3 +734,193 @@ def article_status_set(*, actor: User | None, article: Article, status: Article.
                 unattended_by=IMPORT_ACTOR_NAME,
             )
     return changed
+
+
+# --- hand-off to a person: everything an agent does is audited ---------------------------------------
+# The transitions and their rules are chat.handoff's; here each one is recorded with who did it.
+
+
+def handoff_claim(*, agent: User, conversation_id: UUID) -> Conversation:
+    """Raises handoff.HandoffConflict (another agent won, or at capacity) or handoff.NotAnAgent."""
+    with transaction.atomic():
+        conversation = handoff.conversation_claim(conversation_id=conversation_id, agent=agent)
+        _audit(
+            actor=agent,
+            action=AuditLog.Action.HANDOFF_CLAIM,
+            target=str(conversation_id),
+            before={"state": Conversation.HandoffState.WAITING},
+            after={"state": conversation.handoff_state, "agent": handoff.agent_display_name(agent)},
+        )
+    return conversation
+
+
+def handoff_reply(*, agent: User, conversation_id: UUID, text: str) -> Message:
+    """Raises handoff.HandoffRejected (empty, too long) or handoff.HandoffConflict."""
+    with transaction.atomic():
+        message = handoff.agent_reply(conversation_id=conversation_id, agent=agent, text=text)
+        _audit(
+            actor=agent,
+            action=AuditLog.Action.HANDOFF_REPLY,
+            target=str(conversation_id),
+            before=None,
+            after={"message": message.pk, "as": message.author_name, "chars": len(message.content)},
+        )
+    return message
+
+
+def handoff_note(*, agent: User, conversation_id: UUID, text: str) -> AgentNote:
+    with transaction.atomic():
+        note = handoff.agent_note(conversation_id=conversation_id, agent=agent, text=text)
+        _audit(
+            actor=agent,
+            action=AuditLog.Action.HANDOFF_NOTE,
+            target=str(conversation_id),
+            before=None,
+            after={"note": note.pk, "chars": len(note.text)},
+        )
+    return note
+
+
+def handoff_hand_back(*, agent: User, conversation_id: UUID) -> None:
+    with transaction.atomic():
+        handoff.handoff_hand_back(conversation_id=conversation_id, agent=agent)
+        _audit(
+            actor=agent,
+            action=AuditLog.Action.HANDOFF_HAND_BACK,
+            target=str(conversation_id),
+            before={"state": Conversation.HandoffState.AGENT},
+            after={"state": Conversation.HandoffState.ASSISTANT},
+        )
+
+
+def handoff_resolve(*, agent: User, conversation_id: UUID) -> None:
+    with transaction.atomic():
+        handoff.handoff_resolve(conversation_id=conversation_id, agent=agent)
+        _audit(
+            actor=agent,
+            action=AuditLog.Action.HANDOFF_RESOLVE,
+            target=str(conversation_id),
+            before={"state": Conversation.HandoffState.AGENT},
+            after={"state": Conversation.HandoffState.RESOLVED},
+        )
+
+
+def agent_profile_set(*, agent: User, display_name: str, capacity: int) -> AgentProfile:
+    """The agent's own name for customers and how many conversations they take at once.
+    Raises ValidationError."""
+    handoff.agent_check(agent)
+    with transaction.atomic():
+        profile = AgentProfile.objects.select_for_update().get(pk=handoff.agent_profile(agent).pk)
+        before = {"display_name": profile.display_name, "capacity": profile.capacity}
+        profile.display_name, profile.capacity = display_name.strip(), capacity
+        profile.full_clean()
+        after = {"display_name": profile.display_name, "capacity": profile.capacity}
+        if after == before:
+            return profile
+        profile.save()
+        _audit(
+            actor=agent,
+            action=AuditLog.Action.AGENT_PROFILE,
+            target=agent.get_username(),
+            before=before,
+            after=after,
+        )
+    return profile
+
+
+def handoff_target_set(*, actor: User, first_response_target_s: int) -> HandoffSettings:
+    """The first-response target the inbox colours waiting conversations against. Raises
+    ValidationError."""
+    with transaction.atomic():
+        row = HandoffSettings.objects.select_for_update().get(pk=HandoffSettings.load().pk)
+        before = {"first_response_target_s": row.first_response_target_s}
+        row.first_response_target_s = first_response_target_s
+        row.full_clean()
+        if row.first_response_target_s == before["first_response_target_s"]:
+            return row
+        row.save()
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.HANDOFF_TARGET,
+            target="first response",
+            before=before,
+            after={"first_response_target_s": row.first_response_target_s},
+        )
+    return row
+
+
+# --- A/B experiments ----------------------------------------------------------------------------------
+
+
+def _experiment_values(experiment: Experiment) -> dict[str, Any]:
+    return {
+        "variant_a": experiment.variant_a,
+        "variant_b": experiment.variant_b,
+        "split_percent": experiment.split_percent,
+        "status": experiment.status,
+        "kept_variant": experiment.kept_variant,
+    }
+
+
+def experiment_start(*, actor: User, variant_a: str, variant_b: str, split_percent: int) -> Experiment:
+    """Split customers between two variants, `split_percent` of them on the first, until staff
+    keep one. Raises ConsoleError (one runs already, a variant does not exist or no live worker
+    serves its model) or ValidationError."""
+    serving = {w.model for w in live_workers() if not w.state.get("draining")}
+    with transaction.atomic():
+        if Experiment.objects.select_for_update().filter(status=Experiment.Status.RUNNING).exists():
+            raise ConsoleError("An experiment is already running: keep one of its arms first.")
+        models = dict(Variant.objects.filter(name__in=[variant_a, variant_b]).values_list("name", "model"))
+        for name in (variant_a, variant_b):
+            if name not in models:
+                raise ConsoleError(f"There is no variant {name!r}.")
+            if models[name] not in serving:
+                raise ConsoleError(f"No live worker serves {models[name]!r}, the model of {name!r}.")
+        experiment = Experiment(
+            variant_a=variant_a, variant_b=variant_b, split_percent=split_percent, salt=secrets.token_hex(8)
+        )
+        experiment.full_clean()
+        experiment.save()
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.EXPERIMENT_START,
+            target=f"{variant_a} vs {variant_b}",
+            before=None,
+            after=_experiment_values(experiment),
+        )
+    experiment_mirror()
+    return experiment
+
+
+def experiment_end(*, actor: User, keep: str) -> Experiment:
+    """End the running experiment by keeping one arm: that variant answers every customer from
+    now on (it becomes the stable variant). Raises ConsoleError when none runs, `keep` is not
+    one of its arms, or a canary runs against another stable variant (end that first)."""
+    with transaction.atomic():
+        experiment = Experiment.objects.select_for_update().filter(status=Experiment.Status.RUNNING).first()
+        if experiment is None:
+            raise ConsoleError("No experiment is running.")
+        if keep not in experiment.arms:
+            raise ConsoleError(f"{keep!r} is not one of the experiment's variants.")
+        routing = _routing_locked()
+        if keep != routing.stable_variant and selectors.running_rollout() is not None:
+            raise ConsoleError(
+                "A canary is running against the stable variant: promote it or roll it back first."
+            )
+        before = {**_experiment_values(experiment), "stable_variant": routing.stable_variant}
+        experiment.status = Experiment.Status.ENDED
+        experiment.kept_variant = keep
+        experiment.ended_at = timezone.now()
+        experiment.save()
+        routing.stable_variant = keep
+        routing.save()
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.EXPERIMENT_END,
+            target=f"{experiment.variant_a} vs {experiment.variant_b}",
+            before=before,
+            after={**_experiment_values(experiment), "stable_variant": keep},
+        )
+    canary_mirror()
+    experiment_mirror()
+    return experiment

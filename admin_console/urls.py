@@ -1,6 +1,6 @@
 from django.urls import path
 
-from admin_console import views
+from admin_console import handoff_views, views
 
 app_name = "console"
 
@@ -30,6 +30,21 @@ urlpatterns = [
     path("knowledge/<int:article_id>/retire", views.article_retire, name="article_retire"),
     path("knowledge/<int:article_id>/restore", views.article_restore, name="article_restore"),
     path("audit", views.audit_log, name="audit"),
+    path("inbox", handoff_views.inbox, name="inbox"),
+    path("inbox/snapshot", handoff_views.inbox_snapshot_view, name="inbox_snapshot"),
+    path("inbox/profile", handoff_views.agent_profile, name="agent_profile"),
+    path("inbox/target", handoff_views.handoff_target, name="handoff_target"),
+    path("inbox/<uuid:conversation_id>", handoff_views.conversation_view, name="inbox_conversation"),
+    path("inbox/<uuid:conversation_id>/claim", handoff_views.conversation_claim, name="inbox_claim"),
+    path("inbox/<uuid:conversation_id>/reply", handoff_views.conversation_reply, name="inbox_reply"),
+    path("inbox/<uuid:conversation_id>/note", handoff_views.conversation_note, name="inbox_note"),
+    path(
+        "inbox/<uuid:conversation_id>/hand-back", handoff_views.conversation_hand_back, name="inbox_hand_back"
+    ),
+    path("inbox/<uuid:conversation_id>/resolve", handoff_views.conversation_resolve, name="inbox_resolve"),
+    path("experiments", handoff_views.experiments, name="experiments"),
+    path("experiments/start", handoff_views.experiment_start, name="experiment_start"),
+    path("experiments/end", handoff_views.experiment_end, name="experiment_end"),
     path("api-keys", views.api_keys, name="api_keys"),
     path("api-keys/create", views.api_key_create, name="api_key_create"),
     path("api-keys/<int:key_id>/revoke", views.api_key_revoke, name="api_key_revoke"),

@@ -1,7 +1,7 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
 Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, cache,
-autoscale, quality, peer, control, post (see docs/BENCHMARKS.md).
+autoscale, quality, peer, control, post, experiment (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -56,6 +56,20 @@ def _print_soak(report: dict) -> None:
         )
 
 
+def _interval(interval: dict, *, rate: bool = True) -> str:
+    if interval["value"] is None:
+        return "-"
+    scale, unit = (100, "%") if rate else (1, "")
+    if interval["low"] is None:
+        return f"{interval['value'] * scale:.1f}{unit} (n={interval['n']})"
+    low, high = interval["low"] * scale, interval["high"] * scale
+    return f"{interval['value'] * scale:.1f}{unit} [{low:.1f}-{high:.1f}] (n={interval['n']})"
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f} s"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
@@ -75,9 +89,12 @@ def main() -> None:
             "peer",
             "control",
             "post",
+            "experiment",
         ],
     )
-    parser.add_argument("--engine", default="vllm", choices=["vllm", "simulated"], help="overhead only")
+    parser.add_argument(
+        "--engine", default="vllm", choices=["vllm", "simulated"], help="overhead, experiment"
+    )
     parser.add_argument("--rounds", type=int, default=3, help="overhead, peer, control: interleaved rounds")
     parser.add_argument("--pairs", type=int, default=12, help="overhead: one-at-a-time pairs per round")
     parser.add_argument("--input-len", type=int, default=128, help="peer: the random dataset's prompt tokens")
@@ -108,6 +125,15 @@ def main() -> None:
         "--styles", default="extractive,verified,generated", help="quality: the answer styles to measure"
     )
     parser.add_argument("--runs", type=int, default=3, help="quality: runs of each style")
+    parser.add_argument(
+        "--arms", default="help-center,no-help-center", help="experiment: the two variants compared"
+    )
+    parser.add_argument("--customers", type=int, default=600, help="experiment: at most this many customers")
+    parser.add_argument("--concurrency", type=int, default=8, help="experiment: customers at once")
+    parser.add_argument("--seed", type=int, default=1, help="experiment: the customers' random choices")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="experiment: all customers, not only until an arm wins"
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     logging.getLogger("httpx").setLevel(logging.WARNING)  # a line for every request otherwise
@@ -131,6 +157,43 @@ def main() -> None:
             near_misses = f"{row['near_misses_hit']}/{similarity['near_misses']}"
             print(f"threshold {threshold}: {paraphrases} paraphrases hit, {near_misses} near-misses hit")
         _report_write(report, args.out / "cache.json")
+        return
+    if args.scenario == "experiment":
+        # Before Django is set up here: the scenario points it at the stack's database.
+        from bench.experiment import experiment
+
+        print("== experiment ==", flush=True)
+        engine = args.engine
+        report = experiment(
+            arms=args.arms.split(","),
+            engine=engine,
+            customers=args.customers,
+            concurrency=args.concurrency,
+            seed=args.seed,
+            keep_going=args.keep_going,
+        )
+        picked, first = report["picked"], report["first_named"]
+        if first is not None:
+            print(f"first named {first['better']} at {first['conversations']} conversations")
+        if picked is None:
+            print(f"no arm picked after {report['customers']} customers")
+        else:
+            print(
+                f"picked {picked['better']} after {picked['conversations']} conversations "
+                f"({picked['customers']} customers), the verdict held at the next reads"
+            )
+        for arm in report["final"]["arms"]:
+            print(
+                f"{arm['label']:<16} conversations {arm['conversations']:4}  decided {arm['decided']:4}  "
+                f"resolved by the assistant {_interval(arm['resolved_by_assistant'])}  thumbs-down "
+                f"{_interval(arm['thumbs_down_rate'])}  hand-off {_interval(arm['handoff_rate'])}  "
+                f"rating {_interval(arm['rating'], rate=False)}  first human reply p50/p90 "
+                f"{_seconds(arm['first_reply_p50_s'])}/{_seconds(arm['first_reply_p90_s'])}  resolution "
+                f"p50/p90 {_seconds(arm['resolution_p50_s'])}/{_seconds(arm['resolution_p90_s'])}"
+            )
+        resolved = report["agent"].get("resolved", 0)
+        print(f"customers: {report['customer_outcomes']}; the agent resolved {resolved}")
+        _report_write(report, args.out / f"experiment-{engine}.json")
         return
     if args.scenario == "control":
         # Before Django is set up here: the scenario points it at a Redis of its own.

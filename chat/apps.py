@@ -7,3 +7,9 @@ class ChatConfig(AppConfig):
 
     def ready(self) -> None:
         from chat import checks  # noqa: F401  (registers the system checks)
+
+        # The web's /metrics serves WEB_REGISTRY; the hand-off collector reads this app's models.
+        from chat.metrics import HANDOFF_COLLECTOR
+        from scheduler.metrics import WEB_REGISTRY
+
+        WEB_REGISTRY.register(HANDOFF_COLLECTOR)

@@ -1,5 +1,6 @@
 """The answer stream, `GET /chat/stream/<request_id>`: a request's result events as server-sent
-events, served by Channels from the ASGI scope rather than by a Django view.
+events, served by Channels from the ASGI scope rather than by a Django view. A conversation's
+hand-off events, `GET /chat/<conversation_id>/events`, are served the same way.
 
 A stream is opened for every answer and again on every reconnect (a dropped connection, a web
 host that died, a reloaded page), and all it needs is who the client is and whether the
@@ -23,6 +24,7 @@ from contextlib import aclosing
 from importlib import import_module
 from types import SimpleNamespace
 from typing import TYPE_CHECKING
+from urllib.parse import parse_qs
 from uuid import UUID
 
 from channels.db import database_sync_to_async
@@ -33,8 +35,8 @@ from django.http.cookie import parse_cookie
 
 from accounts.models import User
 from chat import guests, selectors
-from chat.models import Message
-from chat.relay import relay_events
+from chat.models import Conversation, Message
+from chat.relay import relay_conversation, relay_events
 from chat.sse import SSE_HEADERS
 from scheduler.results import parse_event_id
 
@@ -46,11 +48,17 @@ logger = logging.getLogger(__name__)
 # Served by Channels, not by a view of the URLconf (chat/routing.py mounts it).
 _STREAM_PREFIX = "chat/stream/"
 STREAM_ROUTE = _STREAM_PREFIX + "<uuid:request_id>"
+EVENTS_ROUTE = "chat/<uuid:conversation_id>/events"
 
 
 def stream_url(request_id: UUID | str) -> str:
     """Where the browser reads a request's answer."""
     return f"/{_STREAM_PREFIX}{request_id}"
+
+
+def events_url(conversation_id: UUID | str) -> str:
+    """Where the browser reads a conversation's hand-off events."""
+    return f"/chat/{conversation_id}/events"
 
 
 _HEADERS = [
@@ -114,6 +122,58 @@ async def answer_stream(scope: HTTPScope, receive: ASGIReceiveCallable, send: AS
         request_id=str(request_id),
         after_id=parse_event_id(headers.get("last-event-id")),
     )
+    await _stream(events, receive, send, f"the stream of {request_id}")
+
+
+def _owned_conversation(conversation_id: UUID, cookies: dict[str, str]) -> Conversation:
+    """Raises Conversation.DoesNotExist for conversations not stored and for other clients'."""
+    user, guest_key = _client(cookies)
+    conversation = selectors.conversation_find(
+        conversation_id=conversation_id, user=user, session_key=guest_key
+    )
+    if conversation is None:
+        raise Conversation.DoesNotExist(f"No conversation {conversation_id}.")
+    return conversation
+
+
+async def conversation_events(scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
+    """The customer's page follows a hand-off here: from `Last-Event-ID` when the browser
+    reconnects, else from `?after=` (the stream's last id when the page read the database),
+    with the same checks, caps and heartbeats as an answer's stream."""
+    if scope["method"] != "GET":
+        only_get = "Read a conversation's events with GET."
+        await _respond(send, 405, "method_not_allowed", only_get, ((b"allow", b"GET"),))
+        return
+    conversation_id: UUID = scope["url_route"]["kwargs"]["conversation_id"]  # type: ignore[typeddict-item]
+    headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
+    cookies = parse_cookie(headers.get("cookie", ""))
+    try:
+        conversation = await database_sync_to_async(_owned_conversation, thread_sensitive=False)(
+            conversation_id, cookies
+        )
+    except Conversation.DoesNotExist:
+        await _respond(send, 404, "not_found", "This conversation does not exist.")
+        return
+    except OperationalError as exc:
+        logger.warning("database busy, refused the events of %s: %s", conversation_id, exc)
+        busy = "The service is busy. Please try again in a moment."
+        await _respond(send, 503, "database_busy", busy, ((b"retry-after", b"2"),))
+        return
+    query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+    resume = headers.get("last-event-id") or (query.get("after") or [""])[0]
+    events = relay_conversation(
+        conversation_id=str(conversation_id),
+        after_id=parse_event_id(resume),
+        waiting=conversation.handoff_state == Conversation.HandoffState.WAITING,
+    )
+    await _stream(events, receive, send, f"the events of {conversation_id}")
+
+
+async def _stream(
+    events: AsyncIterator[bytes], receive: ASGIReceiveCallable, send: ASGISendCallable, what: str
+) -> None:
+    """Send the SSE response: its headers, then the relay's frames until it ends or the client
+    leaves."""
     await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
     relaying = asyncio.ensure_future(_relay(events, send))
     leaving = asyncio.ensure_future(_disconnected(receive))
@@ -123,7 +183,7 @@ async def answer_stream(scope: HTTPScope, receive: ASGIReceiveCallable, send: AS
     # A client that left cancels the relay, which stops counting it as a watcher.
     relayed, _ = await asyncio.gather(relaying, leaving, return_exceptions=True)
     if isinstance(relayed, Exception):
-        logger.error("the stream of %s failed", request_id, exc_info=relayed)
+        logger.error("%s failed", what, exc_info=relayed)
 
 
 async def _relay(events: AsyncIterator[bytes], send: ASGISendCallable) -> None:

@@ -14,6 +14,7 @@ from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
+from django.utils.crypto import salted_hmac
 
 COOKIE = "guest"
 _SALT = "chat.guest"
@@ -41,6 +42,17 @@ def guest_key_in(cookies: dict[str, str]) -> str:
     request = HttpRequest()
     request.COOKIES = cookies
     return guest_key_known(request)
+
+
+def guest_client_id(key: str) -> str:
+    """Who a guest is to admission's limits and to A/B experiments. The key opens the guest's
+    conversations, so Redis keys and job payloads carry a keyed hash of it instead."""
+    digest = salted_hmac("chat.guest-client-id", key, algorithm="sha256").hexdigest()
+    return f"guest:{digest[:32]}"
+
+
+def account_client_id(user_id: int) -> str:
+    return f"user:{user_id}"
 
 
 def guest_remember(request: HttpRequest, response: HttpResponse) -> HttpResponse:

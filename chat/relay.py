@@ -1,8 +1,10 @@
-"""The SSE relay: turn a request's result stream into the browser's event stream.
+"""The SSE relay: turn a request's result stream, or a conversation's hand-off events, into the
+browser's event stream.
 
 Replays from the client's Last-Event-ID, then follows live; while the request waits in the
-queue it sends `status` events with the position and ETA, and a heartbeat comment whenever
-the stream has been quiet for the heartbeat interval.
+queue (or the customer waits for a person) it sends `status` (`waiting`) events with the
+position and ETA, and a heartbeat comment whenever the stream has been quiet for the heartbeat
+interval.
 """
 
 import asyncio
@@ -11,9 +13,14 @@ import time
 from collections.abc import AsyncIterator
 
 import redis
+from channels.db import database_sync_to_async
 from django.conf import settings
+from django.db import DatabaseError
 
+from chat import handoff_events
+from chat.handoff_selectors import WaitingSnapshot, waiting_snapshot
 from chat.sse import sse_comment, sse_event, sse_event_json, sse_retry
+from scheduler import keys
 from scheduler.generation import TERMINAL_EVENTS, Done, Queued, Start, Tier, Token, event_data
 from scheduler.queues import claimed_through, queue_state_async
 from scheduler.redis import async_redis
@@ -108,5 +115,89 @@ async def relay_events(*, model: str, request_id: str, after_id: str) -> AsyncIt
                     return
             if frames:
                 # Everything that arrived together goes out in one write.
+                yield b"".join(frames)
+                last_write = time.monotonic()
+
+
+# --- a conversation's hand-off events ----------------------------------------------------------
+
+# loop -> (read at, snapshot): every waiting customer's stream in this process shares one read
+# of the waiting list a second.
+_waiting: dict[asyncio.AbstractEventLoop, tuple[float, WaitingSnapshot]] = {}
+
+
+async def _waiting_status(conversation_id: str) -> dict | None:
+    loop = asyncio.get_running_loop()
+    cached = _waiting.get(loop)
+    if cached is None or time.monotonic() - cached[0] >= SNAPSHOT_S:
+        try:
+            snapshot = await database_sync_to_async(waiting_snapshot, thread_sensitive=False)()
+        except DatabaseError:
+            return None  # busy: the next interval tries again
+        _waiting[loop] = cached = (time.monotonic(), snapshot)
+    return cached[1].status(conversation_id)
+
+
+# The stream ends with these: the conversation left the person (the page goes on with the
+# assistant, or asks for a rating, and opens a stream again if a person is asked for again).
+_ENDS_STREAM = frozenset({handoff_events.HandedBack.type, handoff_events.RatingRequest.type, "error"})
+
+
+def _conversation_frame(event: handoff_events.ConversationEvent) -> bytes | None:
+    body = event.body
+    if isinstance(body, handoff_events.Typing) and time.time() * 1000 - event.at_ms > (
+        handoff_events.TYPING_FRESH_S * 1000
+    ):
+        return None  # replayed after a reconnect: nobody is typing that any more
+    return sse_event(body.type, handoff_events.event_data(body), event.id)
+
+
+async def relay_conversation(*, conversation_id: str, after_id: str, waiting: bool) -> AsyncIterator[bytes]:
+    """A conversation's hand-off events as the customer's page reads them: `waiting` (the
+    place among waiting customers, the expected wait, whether anyone is online) while waiting,
+    then what agents and the customer's other pages do. Never a private note: those are not in
+    the stream."""
+    heartbeat_s = settings.SSE_HEARTBEAT_S
+    status_s = settings.SSE_STATUS_INTERVAL_S
+    async with result_follower().follow(
+        key=keys.conversation_events(conversation_id),
+        after_id=after_id,
+        codec=handoff_events.CONVERSATION_EVENTS,
+    ) as subscription:
+        yield sse_retry(RECONNECT_MS)
+        last_write = time.monotonic()
+        last_status = 0.0
+        while True:
+            now = time.monotonic()
+            if waiting and now - last_status >= status_s:
+                status = await _waiting_status(conversation_id)
+                if status is not None:
+                    yield sse_event("waiting", status, subscription.cursor)
+                    last_write = now
+                last_status = now
+            wait = heartbeat_s - (now - last_write)
+            if waiting:
+                wait = min(wait, status_s - (now - last_status))
+            try:
+                batch = await subscription.next_batch(max(wait, 0))
+            except TimeoutError:
+                if time.monotonic() - last_write >= heartbeat_s:
+                    yield sse_comment("heartbeat")
+                    last_write = time.monotonic()
+                continue
+            frames: list[bytes] = []
+            for event in batch:
+                if isinstance(event.body, handoff_events.Requested):
+                    waiting, last_status = True, 0.0  # its position goes out next
+                    continue
+                if isinstance(event.body, handoff_events.AgentJoined | handoff_events.HandedBack):
+                    waiting = False
+                frame = _conversation_frame(event)
+                if frame is not None:
+                    frames.append(frame)
+                if event.body.type in _ENDS_STREAM:
+                    yield b"".join(frames)
+                    return
+            if frames:
                 yield b"".join(frames)
                 last_write = time.monotonic()

@@ -2,8 +2,9 @@
 
 from django.urls import path
 
-from chat.consumers import STREAM_ROUTE, answer_stream
+from chat.consumers import EVENTS_ROUTE, STREAM_ROUTE, answer_stream, conversation_events
 
 http_urlpatterns = [
     path(STREAM_ROUTE, answer_stream),
+    path(EVENTS_ROUTE, conversation_events),
 ]

@@ -1,12 +1,16 @@
-"""Reads for the chat: what a client (account or guest session) may see."""
+"""Reads for the chat: what a client (account or guest session) may see. Agents' private notes
+are not among them (chat.handoff_selectors reads those, for the team only)."""
 
+from dataclasses import dataclass
 from uuid import UUID
 
 from django.db.models import BooleanField, ExpressionWrapper, OuterRef, Q, QuerySet, Subquery
 from django.db.models.functions import Left
 
 from accounts.models import User
-from chat.models import Conversation, Message
+from chat.handoff import DEFAULT_AGENT_NAME
+from chat.handoff_events import stream_last_id
+from chat.models import AgentProfile, Conversation, Handoff, Message
 
 
 def _owned_by(user: User | None, session_key: str | None, via: str = "") -> Q:
@@ -74,3 +78,42 @@ def assistant_message_owned(*, message_id: int, user: User | None, session_key: 
     """Raises Message.DoesNotExist for unknown ids and for other clients' answers."""
     owned = _owned_by(user, session_key, via="conversation__")
     return Message.objects.select_related("generation").get(owned, pk=message_id, role=Message.Role.ASSISTANT)
+
+
+# --- the hand-off, as the customer sees it (never an agent's private note) ------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HandoffView:
+    state: str  # Conversation.HandoffState
+    agent: str | None  # the display name of the person answering, or who resolved it
+    rate_handoff: int | None  # the resolved hand-off the customer has not rated yet
+    events_after: str  # the event stream's last id before this was read: follow from there
+
+
+def _agent_name(user_id: int | None) -> str | None:
+    if user_id is None:
+        return None
+    name = AgentProfile.objects.filter(user_id=user_id).values_list("display_name", flat=True).first()
+    return name or DEFAULT_AGENT_NAME
+
+
+def handoff_view(*, conversation: Conversation) -> HandoffView:
+    events_after = stream_last_id(str(conversation.pk)) if not conversation._state.adding else "0-0"
+    if conversation._state.adding:
+        return HandoffView(Conversation.HandoffState.ASSISTANT, None, None, events_after)
+    state = Conversation.objects.filter(pk=conversation.pk).values_list("handoff_state", "assignee_id").get()
+    latest = conversation.handoffs.order_by("-requested_at", "-id").first()
+    rate = None
+    if latest is not None and latest.outcome == Handoff.Outcome.RESOLVED and latest.rating is None:
+        rate = latest.pk
+    agent_id = state[1] if state[1] is not None else (latest.agent_id if latest is not None else None)
+    return HandoffView(state[0], _agent_name(agent_id), rate, events_after)
+
+
+def handoff_messages(*, conversation: Conversation, after_message_id: int) -> QuerySet[Message]:
+    """The customer's and agents' messages after the one the page shows last (what it missed
+    while its stream was away)."""
+    return conversation.messages.filter(
+        pk__gt=after_message_id, role__in=[Message.Role.USER, Message.Role.AGENT]
+    ).order_by("created_at", "id")

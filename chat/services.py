@@ -17,6 +17,7 @@ from django.utils import timezone
 from django.utils.crypto import constant_time_compare, salted_hmac
 
 from accounts.models import User
+from chat import handoff
 from chat.models import Conversation, Message
 from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
@@ -161,9 +162,10 @@ def message_post(
     tier: Tier,
     client_id: str,
     client_address: str | None = None,
-) -> PostedMessage:
+) -> PostedMessage | handoff.HeldMessage:
     """Persist the user's message and queue its answer; a new conversation (conversation_new)
-    is saved with it.
+    is saved with it. A conversation with a person, or a message asking for one, is kept for
+    the agent instead, with no answer (chat.handoff.message_for_person).
 
     How it is answered is the variant's answer style's (knowledge.answers): the help center's
     own sentences, the decline or a greeting are answered at once without the model; a model's
@@ -175,8 +177,11 @@ def message_post(
     refusal nothing of this message stays behind, nor a conversation saved for it.
     """
     text = _validated_text(text)
+    held = handoff.message_for_person(conversation=conversation, text=text, tier=tier)
+    if held is not None:
+        return held
     request_id = uuid.uuid4()
-    variant = variant_for_conversation(conversation_id=str(conversation.pk))
+    variant = variant_for_conversation(conversation_id=str(conversation.pk), customer_id=client_id)
     is_new = conversation._state.adding
     first = _first_turn(conversation)
     # The result cache and retrieval are CPU work: done before the transaction, they hold no lock.

@@ -3,6 +3,7 @@ Channels' (chat/consumers.py)."""
 
 from __future__ import annotations
 
+import json
 from uuid import UUID
 
 from django.conf import settings
@@ -14,15 +15,15 @@ from django.http import (
 )
 from django.shortcuts import redirect, render
 from django.urls import reverse
-from django.utils.crypto import salted_hmac
 from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
 from accounts.addresses import client_address
 from accounts.models import User
-from chat import guests, selectors, services
-from chat.consumers import stream_url
-from chat.models import Conversation, Message
+from chat import guests, handoff, selectors, services
+from chat.consumers import events_url, stream_url
+from chat.handoff_events import stream_last_id
+from chat.models import Conversation, Handoff, Message
 from scheduler.admission import AdmissionRefused
 from scheduler.generation import Tier
 
@@ -39,12 +40,10 @@ def _client(request: HttpRequest) -> tuple[User | None, str]:
 
 
 def _client_id(request: HttpRequest) -> str:
-    """Who admission's per-client limits count against. A guest's key opens their
-    conversations, so Redis keys and job payloads carry a keyed hash of it instead."""
+    """Who admission's per-client limits (and an A/B experiment's arms) count."""
     if request.user.is_authenticated:
-        return f"user:{request.user.pk}"
-    digest = salted_hmac("chat.guest-client-id", guests.guest_key(request), algorithm="sha256").hexdigest()
-    return f"guest:{digest[:32]}"
+        return guests.account_client_id(request.user.pk)
+    return guests.guest_client_id(guests.guest_key(request))
 
 
 def _guest_address(request: HttpRequest) -> str | None:
@@ -100,6 +99,7 @@ def _render_page(request: HtmxHttpRequest, conversation: Conversation) -> HttpRe
             "messages": selectors.conversation_messages(conversation=conversation),
             "conversations": selectors.conversation_list(user=user, session_key=session_key),
             "max_message_chars": settings.CHAT_MAX_MESSAGE_CHARS,
+            "handoff": selectors.handoff_view(conversation=conversation),
         },
     )
 
@@ -155,6 +155,10 @@ def message_post(request: HtmxHttpRequest, conversation_id: UUID) -> HttpRespons
         return _error(409, "conversation_busy", str(exc))
     except AdmissionRefused as exc:
         return _error(exc.status, exc.reason, exc.message, exc.retry_after_s)
+    except handoff.HandoffConflict as exc:
+        return _error(409, "handoff_conflict", str(exc))
+    if isinstance(posted, handoff.HeldMessage):
+        return _held_message(request, posted)
     admission = posted.admission
     if _wants_json(request):
         return JsonResponse(
@@ -174,6 +178,146 @@ def message_post(request: HtmxHttpRequest, conversation_id: UUID) -> HttpRespons
         {"user_message": posted.user_message, "assistant_message": posted.assistant_message},
         status=202,
     )
+
+
+def _handoff_state(conversation: Conversation, *, agents_online: int | None = None) -> dict:
+    view = selectors.handoff_view(conversation=conversation)
+    return {
+        "state": view.state,
+        "agent": view.agent,
+        "rate_handoff": view.rate_handoff,
+        "agents_online": agents_online,
+        "events_url": events_url(conversation.pk),
+        "events_after": view.events_after,
+    }
+
+
+def _held_message(request: HtmxHttpRequest, held: handoff.HeldMessage) -> HttpResponse:
+    """A message kept for a person: no answer comes, and the page learns the hand-off's state
+    (htmx: as the `handoff` event)."""
+    state = {"state": held.handoff_state, "agents_online": held.agents_online}
+    if _wants_json(request):
+        return JsonResponse({"message_id": held.user_message.pk, "handoff": state}, status=201)
+    response = render(request, "chat/_exchange.html", {"user_message": held.user_message}, status=201)
+    response["HX-Trigger"] = json.dumps({"handoff": state})
+    return response
+
+
+def _message_data(message: Message) -> dict:
+    return {
+        "id": message.pk,
+        "role": message.role,
+        "text": message.content,
+        "author": message.author_name or None,
+        "at": message.created_at.isoformat(),
+    }
+
+
+_TRIGGERS = {Handoff.Trigger.BUTTON, Handoff.Trigger.THUMBS_DOWN, Handoff.Trigger.DECLINE}
+
+
+@require_POST
+@guests.remembering
+def handoff_request(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """ "Talk to a person" (the button, or its offer under a decline or a second thumbs-down)."""
+    try:
+        conversation = _conversation_or_404(request, conversation_id)
+    except Http404:
+        return _error(404, "not_found", "This conversation does not exist.")
+    trigger = request.POST.get("trigger", Handoff.Trigger.BUTTON)
+    if trigger not in _TRIGGERS:
+        return _error(400, "invalid_trigger", "Ask for a person with the button.")
+    if conversation._state.adding and not request.user.is_authenticated:
+        conversation.session_key = guests.guest_key(request)
+    # Read before the request is stored: the page's stream then starts with its event.
+    events_after = stream_last_id(str(conversation.pk))
+    try:
+        requested = handoff.handoff_request(
+            conversation=conversation, trigger=Handoff.Trigger(trigger), tier=_tier(request)
+        )
+    except handoff.HandoffConflict as exc:
+        return _error(409, "handoff_conflict", str(exc))
+    if not _wants_json(request):
+        return redirect("chat:conversation", conversation.pk)
+    state = _handoff_state(conversation, agents_online=requested.agents_online)
+    return JsonResponse({**state, "events_after": events_after}, status=201)
+
+
+def _stored_conversation(request: HttpRequest, conversation_id: UUID) -> Conversation | None:
+    """The client's stored conversation, or None (another client's, or never stored)."""
+    user, session_key = _client(request)
+    try:
+        return selectors.conversation_find(
+            conversation_id=conversation_id, user=user, session_key=session_key
+        )
+    except Conversation.DoesNotExist:
+        return None
+
+
+@require_POST
+def handoff_withdraw(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """The customer stops waiting for a person: the assistant answers again."""
+    conversation = _stored_conversation(request, conversation_id)
+    if conversation is None:
+        return _error(404, "not_found", "This conversation does not exist.")
+    try:
+        handoff.handoff_withdraw(conversation=conversation)
+    except handoff.HandoffConflict as exc:
+        return _error(409, "handoff_conflict", str(exc))
+    if not _wants_json(request):
+        return redirect("chat:conversation", conversation.pk)
+    return JsonResponse(_handoff_state(conversation))
+
+
+@require_GET
+def handoff_state(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """Where the hand-off stands, and the messages after `after` (a message id): what a page
+    reads again when its stream reconnects, so that nothing sent meanwhile is missed."""
+    conversation = _stored_conversation(request, conversation_id)
+    if conversation is None:
+        return _error(404, "not_found", "This conversation does not exist.")
+    try:
+        after = int(request.GET.get("after", "0"))
+    except ValueError:
+        return _error(400, "invalid_after", "`after` is a message id.")
+    state = _handoff_state(conversation)
+    messages = selectors.handoff_messages(conversation=conversation, after_message_id=after)
+    return JsonResponse({**state, "messages": [_message_data(m) for m in messages]})
+
+
+@require_POST
+def handoff_typing(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
+    """The customer is typing: the agent's page shows it (nothing is stored)."""
+    conversation = _stored_conversation(request, conversation_id)
+    if conversation is None:
+        return _error(404, "not_found", "This conversation does not exist.")
+    if conversation.handoff_state not in handoff.WITH_A_PERSON:
+        return _error(409, "handoff_conflict", "Nobody from our team is in this conversation.")
+    handoff.typing_publish(conversation=conversation, who="customer")
+    return HttpResponse(status=204)
+
+
+@require_POST
+def handoff_rating(request: HtmxHttpRequest, conversation_id: UUID) -> HttpResponse:
+    """The customer rates the person who resolved the conversation: 1-5 and a comment, once."""
+    conversation = _stored_conversation(request, conversation_id)
+    if conversation is None:
+        return _error(404, "not_found", "This conversation does not exist.")
+    try:
+        rating = int(request.POST.get("rating", ""))
+    except ValueError:
+        return _error(400, "invalid_rating", "Choose a rating from 1 to 5.")
+    try:
+        handoff.handoff_rate(
+            conversation=conversation, rating=rating, comment=request.POST.get("comment", "")
+        )
+    except handoff.HandoffRejected as exc:
+        return _error(400, "invalid_rating", str(exc))
+    except handoff.HandoffConflict as exc:
+        return _error(409, "handoff_conflict", str(exc))
+    if not _wants_json(request):
+        return redirect("chat:conversation", conversation.pk)
+    return JsonResponse({"rating": rating}, status=201)
 
 
 @require_POST

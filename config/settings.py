@@ -259,6 +259,21 @@ CHAT_SYSTEM_PROMPT = env_str(
 # quality score (docs/BENCHMARKS.md, "Grounded answers").
 CHAT_ANSWER_STYLE = env_str("CHAT_ANSWER_STYLE", "extractive")
 
+# --- hand-off to a person (chat.handoff) -----------------------------------------------------
+# An agent whose inbox tab has not beaten for this long is away (tabs beat every
+# HANDOFF_PRESENCE_BEAT_S; a closed tab leaves at once, a crashed one within this).
+HANDOFF_PRESENCE_BEAT_S = env_float("HANDOFF_PRESENCE_BEAT_S", 15.0)
+HANDOFF_PRESENCE_TTL_S = env_float("HANDOFF_PRESENCE_TTL_S", 45.0)
+# A conversation's event stream: entries kept, and how long it lives after its last event (the
+# database is the record: a page older than this reads it again).
+HANDOFF_EVENTS_MAX = env_int("HANDOFF_EVENTS_MAX", 1000)
+HANDOFF_EVENTS_TTL_S = env_int("HANDOFF_EVENTS_TTL_S", 86400)
+# A conversation is resolved by the assistant when, this long after its last message, it had no
+# hand-off, no thumbs-down and its customer started no new conversation.
+ASSISTANT_RESOLVED_WINDOW_S = env_float("ASSISTANT_RESOLVED_WINDOW_S", 86400.0)
+# The span the hand-off measures (console, /metrics) are computed over.
+HANDOFF_MEASURES_WINDOW_S = env_float("HANDOFF_MEASURES_WINDOW_S", 7 * 86400.0)
+
 # --- knowledge (the help center the answers come from) ----------------------------------
 # Cosine similarity (multilingual e5) a passage needs to count as relevant to a question: the
 # floor of a model's excerpts, and what an article edit checks cached answers against. e5

@@ -18,7 +18,10 @@ DEPLOY_CONFIG = ROOT / "deploy" / "nginx.conf"
 # A stream whose web process has written nothing, not even a heartbeat, for this many heartbeat
 # intervals is ended: its host is gone, and the browser resumes it through another.
 STREAM_SILENT_HEARTBEATS = 3
-_STREAM_READ_TIMEOUT = re.compile(r"(location /chat/stream/ \{[^}]*?proxy_read_timeout )[^;]+;")
+# The answer streams' location and the hand-off events' one.
+_STREAM_READ_TIMEOUT = re.compile(
+    r"(location (?:/chat/stream/|~ \^/chat/\[0-9a-f-\]\+/events\$) \{[^}]*?proxy_read_timeout )[^;]+;"
+)
 
 
 def nginx_config(
@@ -40,9 +43,9 @@ def nginx_config(
         return f"{match.group(1)}{round(STREAM_SILENT_HEARTBEATS * sse_heartbeat_s * 1000)}ms;"
 
     config, timed = _STREAM_READ_TIMEOUT.subn(stream_read_timeout, config)
-    if (balanced, listening, timed) != (2, 1, 1):
+    if (balanced, listening, timed) != (2, 1, 2):
         raise RuntimeError(
-            f"{DEPLOY_CONFIG} no longer has the upstream blocks, listen line and stream timeout this expects"
+            f"{DEPLOY_CONFIG} no longer has the upstream blocks, listen line and stream timeouts this expects"
         )
     local_files = "".join(
         f"    {directive} {workdir / name};\n"

@@ -120,6 +120,8 @@ def watchers(model: str, request_id: str) -> str:
 
 WARM_SPARES = "llm:warm-spares"  # string: the console's number of warm spare workers per model
 CANARY = "llm:canary"  # hash: the console's canary split (stable, candidate, split_percent, salt)
+# Hash: the running A/B experiment (id, variant_a, variant_b, split_percent, salt); id "" for none.
+EXPERIMENT = "llm:experiment"
 
 
 def series_bucket(bucket_start: int) -> str:
@@ -138,6 +140,22 @@ CONTROL_CHANNEL = "llm:control"  # pub/sub: cancel and drain reach every worker
 # web process per period compute the snapshot for all of them.
 CONSOLE_LIVE_GROUP = "console.live"
 CONSOLE_LIVE_TURN = "llm:console:live-turn"  # string, expires: who computes this period's snapshot
+
+
+# Hand-off to a person (chat.handoff). The database is the record; these are the delivery.
+
+
+def conversation_events(conversation_id: str) -> str:
+    """Stream: a conversation's hand-off events (agent joined, messages, typing, resolved...), for
+    the customer's page and the agent's; entry ids are the SSE event ids."""
+    return f"llm:conversation:{conversation_id}:events"
+
+
+# Stream: "something in the inbox changed" (a hand-off asked for, claimed, ended, a message in
+# one), which every open inbox socket follows to send its agent a fresh snapshot.
+INBOX_EVENTS = "llm:inbox:events"
+# Sorted set: "<agent id>:<tab id>" -> last heartbeat (unix s) of every open inbox tab.
+AGENTS_PRESENCE = "llm:agents:presence"
 
 
 def beat_sent(entry: str) -> str:

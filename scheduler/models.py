@@ -167,6 +167,57 @@ class CanaryRouting(models.Model):
         return routing
 
 
+class Experiment(models.Model):
+    """An A/B experiment: which of two variants serves customers better. Customers, not
+    conversations, are split: `split_percent` of them are answered by `variant_a`, the rest by
+    `variant_b`, each customer always by the same arm (a hash of the salt and the customer's id:
+    the account, or the guest's client id). At most one runs; staff end it by keeping one arm.
+
+    Beside the canary, which judges a candidate's stability on a share of conversations: the
+    canary takes its share first, and the conversations it leaves to stable are answered by the
+    customer's arm instead (scheduler.routing.variant_for)."""
+
+    class Status(models.TextChoices):
+        RUNNING = "running", "Running"
+        ENDED = "ended", "Ended"
+
+    variant_a = models.CharField(max_length=64)
+    variant_b = models.CharField(max_length=64)
+    split_percent = models.PositiveSmallIntegerField(
+        default=50,
+        validators=[MinValueValidator(1), MaxValueValidator(99)],
+        help_text="Share of customers answered by the first variant; the rest get the second.",
+    )
+    salt = models.CharField(max_length=32)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.RUNNING)
+    kept_variant = models.CharField(max_length=64, blank=True)
+    started_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["status"], condition=models.Q(status="running"), name="one_running_experiment"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(split_percent__gte=1, split_percent__lte=99),
+                name="experiment_split_between_1_and_99",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"experiment {self.variant_a} vs {self.variant_b} ({self.status})"
+
+    def clean(self) -> None:
+        if self.variant_a and self.variant_a == self.variant_b:
+            raise ValidationError({"variant_b": "An experiment compares two different variants."})
+
+    @property
+    def arms(self) -> tuple[str, str]:
+        return self.variant_a, self.variant_b
+
+
 class WarmPool(models.Model):
     """How many warm spare workers each variant keeps beyond the workers it needs: one row,
     edited in the console. A spare has its engine loaded and claims nothing until needed."""

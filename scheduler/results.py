@@ -6,6 +6,8 @@ reconnecting client resumes with `Last-Event-ID` and gets exactly the entries af
 Publishing coalesces: everything emitted while the previous write was in flight goes out in
 one script call, and a stream's tokens among it go out as one token event. Following
 multiplexes: one blocking XREAD on one connection serves every stream the process follows.
+The follower reads other event streams the same way (`ResultFollower.follow`: a conversation's
+hand-off events, the inbox's), each through the codec of the app that writes it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
+from typing import Generic, Protocol, TypeVar
 
 import redis
 import redis.asyncio as aioredis
@@ -249,17 +252,53 @@ class ResultPublisher:
                 await asyncio.sleep(delay)
 
 
-class _Subscription:
-    def __init__(self, key: str, after_id: str) -> None:
+class StreamEntry(Protocol):
+    """What a followed stream's entries become: each one knows its id (the SSE event id)."""
+
+    id: str
+
+
+EntryT = TypeVar("EntryT", bound=StreamEntry)
+
+
+class StreamCodec(Protocol[EntryT]):
+    """How a followed stream's entries are read, and how the follower tells its reader that the
+    stream failed (an entry of the stream's own kind, so every reader has one way to end)."""
+
+    def parse(self, entry_id: str, fields: list[str]) -> EntryT:
+        """An entry as XREAD returns it: `[field, value, ...]`; KeyError or ValueError when it
+        is not one of the stream's events."""
+        ...
+
+    def failure(self, entry_id: str, code: str, message: str) -> EntryT: ...
+
+
+class _ResultEvents:
+    """The codec of result streams."""
+
+    def parse(self, entry_id: str, fields: list[str]) -> ResultEvent:
+        return ResultEvent.from_fields(entry_id, fields)
+
+    def failure(self, entry_id: str, code: str, message: str) -> ResultEvent:
+        return ResultEvent.of(entry_id, Error(code=code, message=message))
+
+
+RESULT_EVENTS = _ResultEvents()
+
+
+class _Subscription(Generic[EntryT]):
+    def __init__(self, key: str, after_id: str, codec: StreamCodec[EntryT]) -> None:
         self.key = key
         self.cursor = after_id
-        self._pending: list[ResultEvent] = []
+        self.codec = codec
+        self._pending: list[EntryT] = []
         self._arrived = asyncio.Event()
 
     def fail(self, code: str, message: str) -> None:
-        """End the subscription with an `error` event, as if the worker had published it:
-        every reader already turns that into a clear outcome for its client."""
-        self._pending.append(ResultEvent.of(self.cursor, Error(code=code, message=message)))
+        """End the subscription with its stream's failure event (for a result stream, an
+        `error` event, as if the worker had published it): every reader already turns that
+        into a clear outcome for its client."""
+        self._pending.append(self.codec.failure(self.cursor, code, message))
         self._arrived.set()
 
     def deliver(self, entries: list[list]) -> None:
@@ -271,12 +310,12 @@ class _Subscription:
         while start < len(entries) and _id_key(entries[start][0]) <= cursor:
             start += 1
         for entry_id, fields in entries[start:]:
-            self._pending.append(ResultEvent.from_fields(entry_id, fields))
+            self._pending.append(self.codec.parse(entry_id, fields))
             self.cursor = entry_id
         if self._pending:
             self._arrived.set()
 
-    async def next_batch(self, timeout_s: float) -> list[ResultEvent]:
+    async def next_batch(self, timeout_s: float) -> list[EntryT]:
         """Every event that has arrived, waiting up to `timeout_s` for the first (else
         TimeoutError): a reader that fell behind catches up in one write, not one per token."""
         if not self._pending:
@@ -296,7 +335,8 @@ def _new_wake_key() -> str:
 
 class ResultFollower:
     """Web side: one per event loop. A single connection blocks on XREAD over every followed
-    stream plus a private wake-up stream, which new subscriptions poke."""
+    stream plus a private wake-up stream, which new subscriptions poke. Result streams
+    (`subscribe`) and other event streams (`follow`) share it."""
 
     BLOCK_MS = 5000
     BATCH = 512
@@ -310,23 +350,40 @@ class ResultFollower:
         self._task: asyncio.Task[None] | None = None
 
     @asynccontextmanager
-    async def subscribe(self, *, model: str, request_id: str, after_id: str) -> AsyncIterator[_Subscription]:
+    async def subscribe(
+        self, *, model: str, request_id: str, after_id: str
+    ) -> AsyncIterator[_Subscription[ResultEvent]]:
         """Follow one request's events; while subscribed, the request counts as watched."""
+        async with self.follow(
+            key=keys.result(model, request_id),
+            after_id=after_id,
+            codec=RESULT_EVENTS,
+            watch_key=keys.watchers(model, request_id),
+        ) as sub:
+            metrics.STREAM_CLIENTS.inc()
+            try:
+                yield sub
+            finally:
+                metrics.STREAM_CLIENTS.dec()
+
+    @asynccontextmanager
+    async def follow(
+        self, *, key: str, after_id: str, codec: StreamCodec[EntryT], watch_key: str | None = None
+    ) -> AsyncIterator[_Subscription[EntryT]]:
+        """Follow the stream at `key` from after `after_id`, its entries read by `codec`; with a
+        `watch_key`, count this reader as one of the stream's watchers while it follows."""
         if parse_event_id(after_id) != after_id:
             raise ValueError(f"not a stream id in Redis's form: {after_id!r}")
-        sub = _Subscription(keys.result(model, request_id), after_id)
+        sub = _Subscription(key, after_id, codec)
         self._subs.setdefault(sub.key, []).append(sub)
-        watch_key = keys.watchers(model, request_id)
         if self._task is None or self._task.done():
             self._task = asyncio.create_task(self._run(), name="result-follower")
             await self._watch(watch_key, +1)
         else:
             await self._watch(watch_key, +1, poke=True)
-        metrics.STREAM_CLIENTS.inc()
         try:
             yield sub
         finally:
-            metrics.STREAM_CLIENTS.dec()
             subs = self._subs.get(sub.key, [])
             if sub in subs:
                 subs.remove(sub)
@@ -334,26 +391,32 @@ class ResultFollower:
                 self._subs.pop(sub.key, None)
             await self._watch(watch_key, -1)
 
-    async def _watch(self, watch_key: str, change: int, *, poke: bool = False) -> None:
+    async def _watch(self, watch_key: str | None, change: int, *, poke: bool = False) -> None:
         """Count the clients attached to a request; when the last leaves, note the time. `poke`:
         wake the reader in the same round trip, to read a stream it has just been given."""
+        if watch_key is None and not poke:
+            return
         if self._poker is None:
             self._poker = new_async_redis()
         try:
             async with self._poker.pipeline(transaction=False) as pipe:
                 if poke:
                     self._poke_into(pipe)
-                pipe.hincrby(watch_key, "clients", change)
-                if change < 0:
-                    pipe.hset(watch_key, "since", time.time())
-                pipe.expire(watch_key, settings.RESULT_TTL_S)
+                if watch_key is not None:
+                    pipe.hincrby(watch_key, "clients", change)
+                    if change < 0:
+                        pipe.hset(watch_key, "since", time.time())
+                    pipe.expire(watch_key, settings.RESULT_TTL_S)
                 replies = await pipe.execute(raise_on_error=False)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             replies = [exc]
         if any(isinstance(reply, redis.RedisError) for reply in replies):
-            logger.warning(
-                "could not count a client %s %s", "leaving" if change < 0 else "joining", watch_key
-            )
+            if watch_key is None:
+                logger.warning("could not wake the follower for a new stream")  # it reads it when back
+            else:
+                logger.warning(
+                    "could not count a client %s %s", "leaving" if change < 0 else "joining", watch_key
+                )
 
     @property
     def followed_streams(self) -> int:

@@ -1,14 +1,19 @@
-"""Which model variant answers a conversation: the stable one, or the canary candidate for the
-console's share of conversations.
+"""Which model variant answers a conversation: the stable one, the canary candidate for the
+console's share of conversations, or, while an A/B experiment runs, the customer's arm.
 
 Sticky without storage: a conversation's bucket is a hash of its id (salted per canary) into
 0..99, and it goes to the candidate while its bucket is below the split. Raising the split
 only moves conversations from stable to candidate; a rollback (split 0) moves every one back.
-The split lives in the database (CanaryRouting), mirrored into Redis, and each process reads
-the mirror at most once a second, so a change applies everywhere within a second. The variants
-themselves are read from the database at most once a second too. A web process reads both
-again twice a second in a thread of its own (`routing_refresh`, config.startup), so that a post
-never waits for them.
+An experiment buckets customers the same way (their account, or a guest's client id, salted per
+experiment), so a customer meets the same arm in every conversation. The canary decides first:
+the conversations it takes stay the candidate's whatever the experiment; those it leaves to
+stable go to the customer's arm (a canary judges a release on a share of all traffic, an
+experiment compares outcomes among what is left). API calls belong to no customer's arm.
+The split and the experiment live in the database (CanaryRouting, Experiment), mirrored into
+Redis, and each process reads the mirrors at most once a second, so a change applies everywhere
+within a second. The variants themselves are read from the database at most once a second too.
+A web process reads them all again twice a second in a thread of its own (`routing_refresh`,
+config.startup), so that a post never waits for them.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import redis
 from django.db import transaction
 
 from scheduler import keys
-from scheduler.models import CanaryRouting, Variant
+from scheduler.models import CanaryRouting, Experiment, Variant
 from scheduler.redis import sync_redis
 
 CACHE_S = 1.0
@@ -81,18 +86,119 @@ def canary_split(*, max_age_s: float = CACHE_S) -> CanarySplit:
     return split
 
 
-def conversation_bucket(*, conversation_id: str, salt: str) -> int:
-    """0..99, the same for a conversation for as long as the canary's salt stays."""
-    digest = hashlib.blake2b(f"{salt}:{conversation_id}".encode(), digest_size=8).digest()
+def _bucket(key: str, salt: str) -> int:
+    digest = hashlib.blake2b(f"{salt}:{key}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big") % 100
 
 
-def variant_for(*, conversation_id: str) -> str:
+def conversation_bucket(*, conversation_id: str, salt: str) -> int:
+    """0..99, the same for a conversation for as long as the canary's salt stays."""
+    return _bucket(conversation_id, salt)
+
+
+def customer_bucket(*, customer_id: str, salt: str) -> int:
+    """0..99, the same for a customer for as long as the experiment's salt stays."""
+    return _bucket(customer_id, salt)
+
+
+@dataclass(frozen=True, slots=True)
+class ExperimentSplit:
+    """The running experiment as routing applies it."""
+
+    experiment_id: int
+    variant_a: str
+    variant_b: str
+    split_percent: int  # customers on variant_a
+    salt: str
+
+    @classmethod
+    def from_experiment(cls, experiment: Experiment) -> ExperimentSplit:
+        return cls(
+            experiment.pk,
+            experiment.variant_a,
+            experiment.variant_b,
+            experiment.split_percent,
+            experiment.salt,
+        )
+
+    @property
+    def arms(self) -> tuple[str, str]:
+        return self.variant_a, self.variant_b
+
+    def arm_of(self, customer_id: str) -> str:
+        """The variant that answers this customer while the experiment runs."""
+        bucket = customer_bucket(customer_id=customer_id, salt=self.salt)
+        return self.variant_a if bucket < self.split_percent else self.variant_b
+
+
+_experiment_cache: list[tuple[float, ExperimentSplit | None]] = []
+
+
+def _experiment_running() -> ExperimentSplit | None:
+    running = Experiment.objects.filter(status=Experiment.Status.RUNNING).first()
+    return None if running is None else ExperimentSplit.from_experiment(running)
+
+
+def experiment_mirror() -> ExperimentSplit | None:
+    """Write the running experiment (or that none runs) from the database into Redis."""
+    split = _experiment_running()
+    if split is None:
+        mapping = {"id": ""}
+    else:
+        mapping = {
+            "id": str(split.experiment_id),
+            "variant_a": split.variant_a,
+            "variant_b": split.variant_b,
+            "split_percent": str(split.split_percent),
+            "salt": split.salt,
+        }
+    client = sync_redis()
+    with client.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.EXPERIMENT)
+        pipe.hset(keys.EXPERIMENT, mapping=mapping)
+        pipe.execute()
+    _experiment_cache.clear()
+    return split
+
+
+def experiment_split(*, max_age_s: float = CACHE_S) -> ExperimentSplit | None:
+    """The running experiment, read like the canary split: from the mirror (rebuilt from the
+    database when Redis lost it), from the database while Redis is unreachable."""
+    if _experiment_cache and time.monotonic() - _experiment_cache[0][0] < max_age_s:
+        return _experiment_cache[0][1]
+    try:
+        values = sync_redis().hgetall(keys.EXPERIMENT)
+        if not values:
+            split = experiment_mirror()
+        elif not values.get("id"):
+            split = None
+        else:
+            split = ExperimentSplit(
+                experiment_id=int(values["id"]),
+                variant_a=values["variant_a"],
+                variant_b=values["variant_b"],
+                split_percent=int(values["split_percent"]),
+                salt=values["salt"],
+            )
+    except (redis.ConnectionError, redis.TimeoutError):
+        split = _experiment_running()
+    _experiment_cache[:] = [(time.monotonic(), split)]
+    return split
+
+
+def variant_for(*, conversation_id: str, customer_id: str | None = None) -> str:
+    """The canary's candidate for its share of conversations; for the others, the customer's
+    arm while an experiment runs (when the customer is known), else stable."""
     split = canary_split()
-    if not split.candidate_variant:
-        return split.stable_variant
-    bucket = conversation_bucket(conversation_id=conversation_id, salt=split.salt)
-    return split.candidate_variant if bucket < split.split_percent else split.stable_variant
+    if split.candidate_variant:
+        bucket = conversation_bucket(conversation_id=conversation_id, salt=split.salt)
+        if bucket < split.split_percent:
+            return split.candidate_variant
+    if customer_id:
+        experiment = experiment_split()
+        if experiment is not None:
+            return experiment.arm_of(customer_id)
+    return split.stable_variant
 
 
 # Variants by name, each read from the database at most once a CACHE_S, like the split: an edit
@@ -120,14 +226,16 @@ def routing_refresh() -> None:
     process does it twice a second (config.startup.hot_reads_keep_fresh), so that its posts find
     them less than a second old and read neither."""
     split = canary_split(max_age_s=0)
-    for name in {split.stable_variant, split.candidate_variant, *_variants} - {""}:
+    experiment = experiment_split(max_age_s=0)
+    arms = experiment.arms if experiment is not None else ()
+    for name in {split.stable_variant, split.candidate_variant, *arms, *_variants} - {""}:
         _variant_named(name, max_age_s=0)
 
 
-def variant_for_conversation(*, conversation_id: str) -> Variant:
-    """The variant that answers the conversation, as stored at most a second ago (the console
-    may edit it)."""
-    name = variant_for(conversation_id=conversation_id)
+def variant_for_conversation(*, conversation_id: str, customer_id: str | None = None) -> Variant:
+    """The variant that answers the conversation (of `customer_id`, a client id: see
+    variant_for), as stored at most a second ago (the console may edit it)."""
+    name = variant_for(conversation_id=conversation_id, customer_id=customer_id)
     variant = _variant_named(name)
     if variant is None:
         raise Variant.DoesNotExist(f"The routed variant {name!r} does not exist.")

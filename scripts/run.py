@@ -130,6 +130,9 @@ def main() -> None:
         # Demo accounts only on request: a staff account, even a demo one, opens the console.
         if os.environ.get("DEMO_ACCOUNTS", "").lower() in {"1", "true", "yes"}:
             subprocess.run([PYTHON, "manage.py", "seed_demo"], cwd=ROOT, env=env, check=True)
+            # The demo staff account answers customers in the inbox too.
+            agent = [PYTHON, "manage.py", "agent", "sam", "--display-name", "Sam"]
+            subprocess.run(agent, cwd=ROOT, env=env, check=True)
         # Stopped in reverse: web first (no new work), then the worker drains, then Celery.
         children.append(start("celery", [*celery_command(queues="celery", concurrency=2), "--beat"], env))
         # Batch job slices on their own worker: the periodic tasks never wait behind them.

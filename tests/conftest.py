@@ -17,6 +17,7 @@ def _empty_redis():
     sync_redis().flushdb()
     policy._cache.clear()
     routing._cache.clear()
+    routing._experiment_cache.clear()
     routing._variants.clear()
     warmpool._cache.clear()
     # The database is rolled back between tests, and its knowledge-base version with it.

@@ -19,14 +19,16 @@ def milliseconds(value: float | None) -> str:
 
 @register.filter
 def seconds(value: float | None) -> str:
-    """0.4 s, 12 s, 3 min."""
+    """0.4 s, 12 s, 3 min, 24 h."""
     if value is None:
         return NO_DATA
     if value < 10:
         return f"{value:.1f} s"
     if value < 120:
         return f"{value:.0f} s"
-    return f"{value / 60:.0f} min"
+    if value < 7200:
+        return f"{value / 60:.0f} min"
+    return f"{value / 3600:.0f} h"
 
 
 @register.filter
@@ -57,3 +59,22 @@ def audit_value(value: object) -> str:
     if isinstance(value, list) and all(isinstance(step, dict) and "percent" in step for step in value):
         return ", then ".join(f"{step['percent']}% for {step['hold_s']} s" for step in value)
     return str(value)
+
+
+NOT_ENOUGH = "not enough data yet"
+
+
+@register.filter
+def rate_interval(interval: object) -> str:
+    """A rate with its 95% interval, "31.4% (24.0-39.8%)", or that it means nothing yet (n)."""
+    if not getattr(interval, "enough", False):
+        return f"{NOT_ENOUGH} (n={getattr(interval, 'n', 0)})"
+    return f"{interval.value * 100:.1f}% ({interval.low * 100:.1f}\N{EN DASH}{interval.high * 100:.1f}%)"
+
+
+@register.filter
+def mean_interval(interval: object) -> str:
+    """A mean rating with its 95% interval, "4.2 (3.9-4.5)", or that it means nothing yet (n)."""
+    if not getattr(interval, "enough", False):
+        return f"{NOT_ENOUGH} (n={getattr(interval, 'n', 0)})"
+    return f"{interval.value:.2f} ({interval.low:.2f}\N{EN DASH}{interval.high:.2f})"

@@ -2,9 +2,10 @@
  * The chat page's entry module: wires the composer, renders stored answers and streams the
  * pending ones, including those that arrive later through htmx swaps.
  * No framework and no build step: plain ES modules, one per concern (composer.js, stream.js,
- * rendering.js), and the vendored markdown-it.
+ * rendering.js, handoff.js), and the vendored markdown-it.
  */
 import { attachComposer, pendingAnswerExists, refreshComposer, watchStopButton } from "./composer.js";
+import { attachHandoff } from "./handoff.js";
 import { AnswerView, renderMarkdown, scrollToBottom } from "./rendering.js";
 import { followAnswer } from "./stream.js";
 
@@ -36,6 +37,7 @@ function init() {
     if (event.persisted && pendingAnswerExists()) window.location.reload();
   });
   setupBubbles();
+  attachHandoff();
   scrollToBottom();
 }
 

@@ -117,6 +117,8 @@ class AnswerStream {
     }
     const reason = data.finish_reason || "stop";
     this.view.bubble.dataset.finishReason = reason;
+    // Others decide what an ended answer offers (handoff.js: a person, under a decline).
+    this.view.bubble.dispatchEvent(new CustomEvent("answer-done", { bubbles: true, detail: data }));
     if (reason === "cancelled") {
       this.finish("cancelled", "Stopped");
     } else if (reason === "length" && !data.grounding) {

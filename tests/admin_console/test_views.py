@@ -23,6 +23,7 @@ from tests.generation_jobs import MODEL, generation_job, generation_record
 
 pytestmark = pytest.mark.django_db
 
+CONVERSATION = "6f1c2a52-93a4-4a43-9f0e-3c1d0c2b7a10"
 # Every console URL with the method it answers; the first test keeps this list complete.
 CONSOLE_URLS = [
     ("GET", "/console/"),
@@ -54,6 +55,19 @@ CONSOLE_URLS = [
     ("POST", "/console/knowledge/1"),
     ("POST", "/console/knowledge/1/retire"),
     ("POST", "/console/knowledge/1/restore"),
+    ("GET", "/console/inbox"),
+    ("GET", "/console/inbox/snapshot"),
+    ("POST", "/console/inbox/profile"),
+    ("POST", "/console/inbox/target"),
+    ("GET", f"/console/inbox/{CONVERSATION}"),
+    ("POST", f"/console/inbox/{CONVERSATION}/claim"),
+    ("POST", f"/console/inbox/{CONVERSATION}/reply"),
+    ("POST", f"/console/inbox/{CONVERSATION}/note"),
+    ("POST", f"/console/inbox/{CONVERSATION}/hand-back"),
+    ("POST", f"/console/inbox/{CONVERSATION}/resolve"),
+    ("GET", "/console/experiments"),
+    ("POST", "/console/experiments/start"),
+    ("POST", "/console/experiments/end"),
 ]
 
 

@@ -1,7 +1,10 @@
 import pytest
+from django.contrib.auth.models import Permission
 from django.test import Client, RequestFactory
 
+from accounts.models import User
 from chat import guests
+from chat.models import AgentProfile
 
 
 def guest_key_of(client: Client) -> str:
@@ -17,3 +20,11 @@ def guest() -> Client:
     client = Client()
     assert client.get("/").status_code == 200
     return client
+
+
+def make_agent(username: str, *, display_name: str = "", capacity: int = 3) -> User:
+    """A staff account with the agent permission and a profile."""
+    agent = User.objects.create_user(username, password="pw", is_staff=True)
+    agent.user_permissions.add(Permission.objects.get(codename="agent", content_type__app_label="chat"))
+    AgentProfile.objects.create(user=agent, display_name=display_name, capacity=capacity)
+    return User.objects.get(pk=agent.pk)  # permissions are cached per instance

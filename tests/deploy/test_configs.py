@@ -147,10 +147,19 @@ def test_the_nginx_example_streams_answers_unbuffered():
     assert "proxy_ignore_headers" not in config  # X-Accel-Buffering from the app is honoured
 
 
-def test_the_nginx_example_upgrades_the_console_socket():
+@pytest.mark.parametrize("path", ["/console/live/socket", "/console/inbox/socket"])
+def test_the_nginx_example_upgrades_the_console_sockets(path):
     config = "\n".join(line.partition("#")[0] for line in (DEPLOY / "nginx.conf").read_text().splitlines())
-    socket = config[config.index("location = /console/live/socket") :]
+    socket = config[config.index(f"location = {path}") :]
     socket = socket[: socket.index("}")]
     assert "proxy_set_header Upgrade $http_upgrade;" in socket
     assert 'proxy_set_header Connection "upgrade";' in socket
     assert "proxy_set_header Host $host;" in socket  # the origin check compares against it
+
+
+def test_the_nginx_example_streams_hand_off_events_unbuffered():
+    config = "\n".join(line.partition("#")[0] for line in (DEPLOY / "nginx.conf").read_text().splitlines())
+    stream = config[config.index("location ~ ^/chat/[0-9a-f-]+/events$") :]
+    stream = stream[: stream.index("}")]
+    assert "proxy_buffering off;" in stream
+    assert "proxy_read_timeout 45s;" in stream
