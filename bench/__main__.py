@@ -126,7 +126,7 @@ def main() -> None:
     )
     parser.add_argument("--runs", type=int, default=3, help="quality: runs of each style")
     parser.add_argument(
-        "--arms", default="help-center,no-help-center", help="experiment: the two variants compared"
+        "--arms", default="extractive,generated", help="experiment: the two variants (answer styles) compared"
     )
     parser.add_argument("--customers", type=int, default=600, help="experiment: at most this many customers")
     parser.add_argument("--concurrency", type=int, default=8, help="experiment: customers at once")

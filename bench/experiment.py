@@ -2,12 +2,12 @@
 customers whose satisfaction depends on the answer, through the product's real path.
 
 The product runs as real processes (web, worker, Redis, SQLite) with the demo help center. The
-two arms are variants made from the stable one (ARMS, or existing variants by name), and staff
-start the experiment from the console. Simulated customers arrive a few at a time, each a new
-guest or a signed-in account. A customer asks one conversation's first question from the
-question set (knowledge/questions/tuning.json when it exists, else experiment_questions.json
-beside this file), reads the answer to its end, and judges it with a satisfaction function:
-by default, every fact the question set expects is in the answer and no wrong one is. A
+two arms are variants made from the stable one with another answer style (ARMS, or existing
+variants by name), and staff start the experiment from the console. Simulated customers arrive a
+few at a time, each a new guest or a signed-in account. A customer asks one conversation's first
+question from the tuning questions in English (knowledge/questions/tuning.json), reads the
+answer to its end, and judges it with a satisfaction function: by default, every fact the
+question set expects is in the answer and no wrong one is. A
 satisfied customer leaves. An unsatisfied one rates the answer down (signed in), then asks for
 a person, or comes back with a new conversation asking again (and asks for a person if that
 fails too). A simulated agent claims those waiting in the console's inbox, replies and
@@ -26,34 +26,30 @@ thumbs-down or the customer coming back: here a few seconds, not a day.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import random
-import re
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import import_module
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.client import Session
 from bench.scenarios import UNLIMITED
 from launcher.stack import Stack
 
+if TYPE_CHECKING:
+    from knowledge.quality import Turn
+
 ROOT = Path(__file__).resolve().parent.parent
-TUNING_QUESTIONS = ROOT / "knowledge" / "questions" / "tuning.json"
-OWN_QUESTIONS = Path(__file__).resolve().parent / "experiment_questions.json"
 DEMO_HELP_CENTER = ROOT / "knowledge" / "demo_help_center"
 
-# The arms this scenario can make from the stable variant: their changes to it. An arm named
-# otherwise must exist as a variant already. The grounded answers' `extractive` style would
-# be one more: {"answer_style": "extractive"}.
+# The arms this scenario can make from the stable variant: its answer style. An arm named
+# otherwise must exist as a variant already.
 ARMS: dict[str, dict[str, Any]] = {
-    "help-center": {},
-    "no-help-center": {"knowledge": False, "unknown_reply": False},
+    style: {"answer_style": style} for style in ("extractive", "verified", "generated")
 }
 SIGNED_IN_SHARE = 0.5  # of customers; only they can rate an answer down
 PERSON_SHARE = 0.5  # of the unsatisfied, who ask for a person at once (the others come back)
@@ -66,45 +62,17 @@ ANSWER_TIMEOUT_S = 300.0
 PERSON_TIMEOUT_S = 120.0
 
 
-@dataclass(frozen=True, slots=True)
-class Turn:
-    conversation: str
-    question: str
-    expect: str  # "answer" | "decline"
-    facts: tuple[str, ...]
-    wrong: tuple[str, ...]
-
-
-def questions_load() -> tuple[Path, list[Turn]]:
-    """The first turn of every conversation of the question set."""
-    path = TUNING_QUESTIONS if TUNING_QUESTIONS.exists() else OWN_QUESTIONS
-    conversations = json.loads(path.read_text())["conversations"]
-    turns = [
-        Turn(
-            conversation=c["id"],
-            question=c["turns"][0]["question"],
-            expect=c["turns"][0]["expect"],
-            facts=tuple(c["turns"][0].get("facts", ())),
-            wrong=tuple(c["turns"][0].get("wrong", ())),
-        )
-        for c in conversations
-        if c.get("language", "en") == "en"
-    ]
-    return path, turns
-
-
-def _holds(pattern: str, text: str) -> bool:
-    """A fact as a whole word or phrase (as the quality score reads it), case-insensitive."""
-    return re.search(rf"(?<!\w)(?:{pattern})(?!\w)", text, re.IGNORECASE) is not None
-
-
 def facts_satisfy(turn: Turn, answer: str) -> bool:
     """A customer is satisfied when the answer holds every fact they asked for and nothing the
     question set knows to be wrong. A question the help center cannot answer satisfies nobody:
     its honest answer is a decline, and the customer still needs a person."""
+    from knowledge.quality import fact_holds
+
     if turn.expect != "answer":
         return False
-    return all(_holds(fact, answer) for fact in turn.facts) and not any(_holds(w, answer) for w in turn.wrong)
+    return all(fact_holds(fact, answer) for fact in turn.facts) and not any(
+        fact_holds(wrong, answer) for wrong in turn.wrong
+    )
 
 
 Satisfaction = Callable[[Turn, str], bool]
@@ -369,7 +337,6 @@ def experiment(
     seed: int = 1,
     keep_going: bool = False,
 ) -> dict[str, Any]:
-    questions_path, turns = questions_load()
     stack = Stack(
         Path(tempfile.mkdtemp(prefix="bench-experiment-")),
         **{**UNLIMITED, "INFERENCE_ENGINE": engine, "GUEST_ADDRESS_BUCKET_FACTOR": "100000"},
@@ -385,6 +352,9 @@ def experiment(
         import django
 
         django.setup()
+        from knowledge.quality import conversations_load
+
+        turns = [c.turns[0] for c in conversations_load(["tuning"]) if c.language == "en"]
         for command in (
             ["import_articles", str(DEMO_HELP_CENTER)],
             ["agent", "sam", "--display-name", "Sam", "--capacity", "20"],
@@ -395,7 +365,7 @@ def experiment(
         _variants_make(arms)
         experiment_id = asyncio.run(_start(stack, arms))
         print(
-            f"  experiment {arms[0]} against {arms[1]}, {len(turns)} questions from {questions_path.name}",
+            f"  experiment {arms[0]} against {arms[1]}, {len(turns)} first questions of the tuning set",
             flush=True,
         )
         people = Customers(stack, turns, SATISFACTIONS[satisfaction], seed)
@@ -410,7 +380,7 @@ def experiment(
         "arms": arms,
         "engine": engine,
         "satisfaction": satisfaction,
-        "questions": str(questions_path.relative_to(ROOT)),
+        "questions": "knowledge/questions/tuning.json, first turns in English",
         "concurrency": concurrency,
         "seed": seed,
         "resolved_window_s": RESOLVED_WINDOW_S,

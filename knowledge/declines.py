@@ -10,8 +10,8 @@ reads what can be read exactly, in each of the four languages:
 - a question about one order's own state ("where is my order LH2093?"): no article knows it;
 - a name the help center never uses ("Afterpay", "Berlin", the "Margaux" sideboard): it asks
   about something the shop's articles do not cover (a payment method, a place, a product);
-- what the articles of a shop's help center never hold: a product's stock or measurements, a
-  shop or showroom to visit, a discount for a group the articles do not name;
+- what a shop's help center may not cover, when its articles have no word for it: a product's
+  stock or measurements, a shop or showroom to visit, a discount for a group;
 - a question whose best sentence is far from it (`MIN_SIMILARITY`).
 Each reason is named, recorded with the answer and counted per variant.
 """
@@ -24,7 +24,7 @@ from enum import StrEnum
 from knowledge.facts import words
 from knowledge.language import asking_word
 from knowledge.retrieval import Retrieval
-from knowledge.terms import stem
+from knowledge.terms import stem, terms
 
 # The best sentence's similarity to the question under which nothing is quoted (multilingual
 # e5: unrelated questions score about 0.80-0.84 against the demo help center, answered ones
@@ -58,9 +58,11 @@ _ORDER_STATE = re.compile(
     r"|d[oó]nde|estado|enviado|\bwo\b|versendet|verschickt",
     re.IGNORECASE,
 )
-# What a shop's help center never holds: its catalogue (stock, sizes, materials), places to visit,
-# discounts for groups of people.
-_NOT_COVERED = re.compile(
+# What a shop's help center may not cover, and its customers ask about: the catalogue (stock,
+# sizes, materials), places to visit, discounts for groups of people. A question on one of these
+# is declined when the help center has no word for it (knowledge.terms): "student" in no
+# article, or a showroom nobody mentions; a help center that speaks of them answers them.
+_SHOP_TOPICS = re.compile(
     r"\bin stock\b|back in stock|how many .{0,20}\bleft\b|\bdimensions?\b|how (?:big|tall|wide|heavy)|made of"
     r"|en stock|\bdimensions?\b|quedan|en existencia|\bmedidas\b|auf lager|\bma(?:ß|ss)e\b"
     r"|\bshowrooms?\b|physical (?:store|shop)|brick and mortar|\bin person\b|visit (?:a|your) (?:store|shop)"
@@ -97,6 +99,16 @@ def _unknown_names(retrieval: Retrieval) -> list[str]:
     return unknown
 
 
+def _uncovered_topic(retrieval: Retrieval) -> str | None:
+    """The first shop topic the question asks about that the searched articles have no word
+    for (a word of it they never use)."""
+    lexicon = retrieval.index.lexicons[retrieval.searched_language]
+    for match in _SHOP_TOPICS.finditer(retrieval.question):
+        if any(not lexicon.known(term) for term in terms(match.group())):
+            return match.group()
+    return None
+
+
 def decline_reason(question: str, retrieval: Retrieval | None) -> DeclineReason | None:
     """Why the help center does not answer `question` (None: it does). `retrieval` is None
     when the help center has no articles."""
@@ -110,7 +122,7 @@ def decline_reason(question: str, retrieval: Retrieval | None) -> DeclineReason 
         return DeclineReason.NOTHING_FOUND
     if _unknown_names(retrieval):
         return DeclineReason.UNKNOWN_NAME
-    if _NOT_COVERED.search(question):
+    if _uncovered_topic(retrieval) is not None:
         return DeclineReason.NOT_COVERED
     if retrieval.similarity < MIN_SIMILARITY and not retrieval.follow_up:
         return DeclineReason.FAR

@@ -152,7 +152,9 @@ def says_dont_know(text: str) -> bool:
     return bool(_DONT_KNOW.search(text))
 
 
-def _matches(pattern: str, text: str) -> bool:
+def fact_holds(pattern: str, text: str) -> bool:
+    """Whether `text` states the fact `pattern` (a regular expression, as a whole word or phrase,
+    in any case)."""
     return bool(re.search(rf"(?<!\w)(?:{pattern})(?!\w)", text, re.IGNORECASE))
 
 
@@ -188,8 +190,8 @@ def turn_grade(
     if turn.expect == "answer":
         right = (
             not declined
-            and all(_matches(fact, answer) for fact in turn.facts)
-            and not any(_matches(wrong, answer) for wrong in turn.wrong)
+            and all(fact_holds(fact, answer) for fact in turn.facts)
+            and not any(fact_holds(wrong, answer) for wrong in turn.wrong)
         )
     return TurnResult(
         conversation=conversation.id,

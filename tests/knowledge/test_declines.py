@@ -63,3 +63,17 @@ def test_a_german_noun_is_not_an_unknown_name(help_center):
 
 def test_nothing_found_when_the_help_center_is_empty(db):
     assert decline_reason("How long do I have to return an item?", None) == DeclineReason.NOTHING_FOUND
+
+
+def test_a_topic_the_help_center_speaks_of_is_answered_not_declined(help_center):
+    from knowledge import services
+    from knowledge.index import current_index
+
+    assert _reason("Do you have a student discount?") == DeclineReason.NOT_COVERED
+    services.article_create(
+        slug="student-discount",
+        title="Student discount",
+        body="Students get 15 % off with a valid student card.",
+    )
+    current_index.forget()  # as the commit this test never makes would
+    assert _reason("Do you have a student discount?") is None
