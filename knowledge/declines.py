@@ -76,12 +76,22 @@ _SHOP_TOPICS = re.compile(
     re.IGNORECASE,
 )
 _NAME = re.compile(r"(?<![\w.])(?:[A-Z][a-z]+(?:[A-Z]\w+)?|[A-Z]{2,}|[a-z]+[A-Z]\w*)\b")
+_REGION_AFTER = re.compile(r",\s*([A-Z]\w+)")  # "Anchorage, Alaska"
 _SENTENCE_START = re.compile(r"(?:^|[.!?:;]\s*|[\"“«(¿¡]\s*)$")
+
+
+def _known_name(word: str, retrieval: Retrieval) -> bool:
+    """Whether an article in any language uses the word, exactly: one letter off, a name is
+    often another word ("iPhone", "phone")."""
+    (folded,) = words(word) or [""]
+    term = stem(folded)
+    return not term or any(lexicon.known(term) for lexicon in retrieval.index.lexicons.values())
 
 
 def _unknown_names(retrieval: Retrieval) -> list[str]:
     """Capitalised words of the question (not starting it or a sentence) that no article in any
-    language uses."""
+    language uses. A place named with the region the help center names ("Anchorage, Alaska")
+    is that region's: the answer about Alaska answers it."""
     if retrieval.language == "de":
         return []  # German capitalises every noun: a capital is no sign of a name there
     question = retrieval.question
@@ -90,10 +100,10 @@ def _unknown_names(retrieval: Retrieval) -> list[str]:
         word = match.group()
         if _SENTENCE_START.search(question[: match.start()]) or asking_word(word):
             continue
-        (folded,) = words(word) or [""]
-        term = stem(folded)
-        # Known exactly: one letter off, a name is often another word ("iPhone", "phone").
-        if not term or any(lexicon.known(term) for lexicon in retrieval.index.lexicons.values()):
+        if _known_name(word, retrieval):
+            continue
+        region = _REGION_AFTER.match(question, match.end())
+        if region is not None and _known_name(region.group(1), retrieval):
             continue
         unknown.append(word)
     return unknown

@@ -77,3 +77,8 @@ def test_a_topic_the_help_center_speaks_of_is_answered_not_declined(help_center)
     )
     current_index.forget()  # as the commit this test never makes would
     assert _reason("Do you have a student discount?") is None
+
+
+def test_a_place_named_with_the_region_the_help_center_names_is_that_regions(help_center):
+    assert _reason("Can I get next-day delivery in Anchorage, Alaska?") is None
+    assert _reason("Can I get next-day delivery in Anchorage?") == DeclineReason.UNKNOWN_NAME
