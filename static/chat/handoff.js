@@ -309,8 +309,8 @@ function onFeedbackSwap() {
 /** Under an answer that declined (the help center had nothing), a person is offered. */
 function onAnswerDone(event) {
   const data = event.detail || {};
-  const declined = (data.grounding && data.grounding.declined === true) ||
-    (data.timings && data.timings.engine === "help-center");
+  // `declined` is the reason ("nothing_found", ...), empty when the answer quoted the help center.
+  const declined = Boolean(data.grounding && data.grounding.declined);
   const offer = event.target.querySelector(".bubble__offer");
   if (offer && declined && state === "assistant") offer.hidden = false;
 }

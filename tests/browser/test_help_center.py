@@ -36,10 +36,14 @@ def test_an_answer_shows_its_sources_as_links_to_the_articles(page, stack):
     expect(sources).to_be_visible()
     link = sources.get_by_role("link", name="Returns policy")
     expect(link).to_have_attribute("href", "/help/returns-policy")
+    # An answer that helped offers no person under it.
+    expect(answer.get_by_role("button", name="Talk to a person")).to_be_hidden()
 
-    # Reloaded, the stored answer keeps its sources.
+    # Reloaded, the stored answer keeps its sources, and still offers no person.
     page.reload()
-    expect(page.locator(".bubble--assistant").last.get_by_role("link", name="Returns policy")).to_be_visible()
+    stored = page.locator(".bubble--assistant").last
+    expect(stored.get_by_role("link", name="Returns policy")).to_be_visible()
+    expect(stored.get_by_role("button", name="Talk to a person")).to_be_hidden()
 
     article = page.context.new_page()
     article.goto("/help/returns-policy")
@@ -68,3 +72,8 @@ def test_an_answer_the_help_center_does_not_cover_is_the_decline_with_no_sources
     answer = _ask(page, "What is the capital of France?")
     expect(answer.locator(".bubble__content")).to_contain_text("I couldn't find this in our help center")
     expect(answer.locator(".bubble__sources")).to_have_count(0)
+    # A decline offers a person, live and after a reload.
+    expect(answer.get_by_role("button", name="Talk to a person")).to_be_visible()
+    page.reload()
+    stored = page.locator(".bubble--assistant").last
+    expect(stored.get_by_role("button", name="Talk to a person")).to_be_visible()

@@ -45,8 +45,12 @@ def _post_all_at_once(own_copy: Callable[[], Conversation], owner: User) -> Coun
 
     def post(n: int) -> str:
         try:
-            conversation = own_copy()
-            all_at_once.wait(timeout=30)
+            try:
+                conversation = own_copy()
+            except BaseException:
+                all_at_once.abort()  # the others stop waiting; this error is the one reported
+                raise
+            all_at_once.wait(timeout=120)
             message_post(
                 conversation=conversation, text=f"Question {n}", tier="normal", client_id=f"user:{owner.pk}"
             )
@@ -59,7 +63,13 @@ def _post_all_at_once(own_copy: Callable[[], Conversation], owner: User) -> Coun
             connection.close()
 
     with ThreadPoolExecutor(POSTERS) as pool:
-        return Counter(pool.map(post, range(POSTERS)))
+        futures = [pool.submit(post, n) for n in range(POSTERS)]
+    errors = [f.exception() for f in futures if f.exception() is not None]
+    # A broken barrier is the echo of another poster's error: report that one.
+    errors.sort(key=lambda error: isinstance(error, threading.BrokenBarrierError))
+    if errors:
+        raise errors[0]
+    return Counter(f.result() for f in futures)
 
 
 @on_postgresql
