@@ -45,6 +45,18 @@ def _heartbeat(stack) -> dict:
     return json.loads(client.get(key))
 
 
+async def _heartbeat_after(stack, moment: float) -> dict:
+    """The worker's first heartbeat written after `moment` (one read earlier may predate what
+    the test just saw happen)."""
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        beat = _heartbeat(stack)
+        if beat["last_seen"] > moment:
+            return beat
+        await asyncio.sleep(0.05)
+    raise AssertionError("the worker wrote no heartbeat for 30 s")
+
+
 def test_eight_concurrent_questions_stream_real_answers_and_a_cancelled_one_is_aborted(stack):
     async def scenario():
         async with ChatClient(stack.base_url, timeout_s=300) as guest:
@@ -54,15 +66,14 @@ def test_eight_concurrent_questions_stream_real_answers_and_a_cancelled_one_is_a
             streams = [asyncio.create_task(guest.stream(r)) for r in others]
             request_ids = [await guest.ask(conversations[0], ASKED[0]), *others]
             first = await guest.stream(request_ids[0], stop_after_tokens=2)
-            running_before = _heartbeat(stack)["engine_running"]
+            running_before = (await _heartbeat_after(stack, time.time()))["engine_running"]
             await guest.cancel(request_ids[0])
             # The abort reaches the engine: its running count drops while the others decode.
             running_after = running_before
-            for _ in range(50):
+            deadline = time.monotonic() + 30
+            while running_after >= running_before and time.monotonic() < deadline:
                 await asyncio.sleep(0.1)
                 running_after = _heartbeat(stack)["engine_running"]
-                if running_after < running_before:
-                    break
             cancelled = await guest.stream(request_ids[0], last_event_id=first.last_id)
             return (
                 request_ids,
