@@ -130,7 +130,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 WEB_SYNC_VIEWS_MAX = env_int("WEB_SYNC_VIEWS_MAX", env_int("DATABASE_POOL_SIZE", 20))
 WEB_SYNC_VIEW_WAIT_S = env_float("WEB_SYNC_VIEW_WAIT_S", 10.0)
 
-# Its table is still `chat_user`: see accounts/migrations/0001_initial.py.
+# Its table is `chat_user`, the name it had in the chat app (accounts/models.py).
 AUTH_USER_MODEL = "accounts.User"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "chat:home"
