@@ -337,7 +337,7 @@ BATCH_JOB_LEASE_S = env_float("BATCH_JOB_LEASE_S", 30.0)
 BATCH_JOB_RESUME_S = env_float("BATCH_JOB_RESUME_S", 15.0)
 
 # --- scheduling -----------------------------------------------------------------------------
-# Defaults for the tier policies, written to the database by its first migration; after that
+# Defaults for the tier policies, written to the database when it is created; after that
 # the policies are edited in the console and apply within a second, without a restart.
 # Buckets: per client (`bucket_*`) and per tier (`tier_bucket_*`); `max_queued` bounds the
 # tier's queue, `wait_slo_s` is the longest predicted wait still admitted, `max_wait_s` the
