@@ -14,7 +14,7 @@ class User(AbstractUser):
     tier = models.CharField(max_length=16, choices=ACCOUNT_TIER_CHOICES, default=Tier.NORMAL)
 
     class Meta(AbstractUser.Meta):
-        # The model came from the chat app and kept its table (accounts 0001).
+        # The model began in the chat app; its table kept that app's name.
         db_table = "chat_user"
 
     @property

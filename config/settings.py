@@ -130,7 +130,7 @@ elif DATABASES["default"]["ENGINE"] == "django.db.backends.postgresql":
 WEB_SYNC_VIEWS_MAX = env_int("WEB_SYNC_VIEWS_MAX", env_int("DATABASE_POOL_SIZE", 20))
 WEB_SYNC_VIEW_WAIT_S = env_float("WEB_SYNC_VIEW_WAIT_S", 10.0)
 
-# Its table is still `chat_user`: see accounts/migrations/0001_initial.py.
+# Its table is `chat_user`, the name it had in the chat app (accounts/models.py).
 AUTH_USER_MODEL = "accounts.User"
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "chat:home"
@@ -337,7 +337,7 @@ BATCH_JOB_LEASE_S = env_float("BATCH_JOB_LEASE_S", 30.0)
 BATCH_JOB_RESUME_S = env_float("BATCH_JOB_RESUME_S", 15.0)
 
 # --- scheduling -----------------------------------------------------------------------------
-# Defaults for the tier policies, written to the database by its first migration; after that
+# Defaults for the tier policies, written to the database when it is created; after that
 # the policies are edited in the console and apply within a second, without a restart.
 # Buckets: per client (`bucket_*`) and per tier (`tier_bucket_*`); `max_queued` bounds the
 # tier's queue, `wait_slo_s` is the longest predicted wait still admitted, `max_wait_s` the

@@ -76,7 +76,7 @@ def job_lease_check(**kwargs: Any) -> list[CheckMessage]:
 
 @register()
 def tier_policy_settings_check(**kwargs: Any) -> list[CheckMessage]:
-    """The policies the first migration writes, as the environment gives them: one per tier."""
+    """The policies a new database is given, as the environment gives them: one per tier."""
     named, tiers = set(settings.RATE_LIMIT_POLICIES), {str(tier) for tier in Tier}
     if named != tiers:
         return [

@@ -2,13 +2,15 @@ import importlib
 import logging
 
 import pytest
-from django.conf import settings
 
 from knowledge.index import current_index
 from scheduler import policy, routing, warmpool
 from scheduler.redis import sync_redis
 
 logging.getLogger("httpx").setLevel(logging.WARNING)
+
+# What a new database starts with: the fixtures below write it again after a transactional test.
+_STARTING_ROWS = "scheduler.migrations.0002_tier_policies_and_variants"
 
 
 @pytest.fixture(autouse=True)
@@ -29,11 +31,11 @@ def _empty_redis():
 def tier_policies() -> None:
     """The tier policies the migrations write: a transactional test empties every table after it,
     and the next one finds none unless they are written again."""
-    from scheduler.models import TierPolicy
+    from django.apps import apps
+
     from scheduler.policy import policies_mirror
 
-    for tier, fields in settings.RATE_LIMIT_POLICIES.items():
-        TierPolicy.objects.get_or_create(tier=tier, defaults=fields)
+    importlib.import_module(_STARTING_ROWS).tier_policies_create(apps, None)
     policies_mirror()
 
 
@@ -43,5 +45,4 @@ def variants(db) -> None:
     every table after it, and the next one finds none unless they are written again."""
     from django.apps import apps
 
-    importlib.import_module("scheduler.migrations.0007_stable_and_candidate").variants_create(apps, None)
-    importlib.import_module("scheduler.migrations.0014_answer_style").styles_set(apps, None)
+    importlib.import_module(_STARTING_ROWS).variants_create(apps, None)

@@ -1,11 +1,10 @@
-"""The variants `make run` starts with: `stable`, as the settings answered before variants were
-data, and `candidate`, the same model with a terser prompt and cooler sampling, so the console
-has a canary to try on the one worker. Records from before keep their streams: those were
-keyed on the variant's name."""
+"""What a new database starts with: a policy for each tier, as the settings give them (edited in
+the console after that), and two variants on the configured model: `stable`, answering as the
+settings say, and `candidate`, a terser prompt with cooler sampling and verified answers, so the
+console has a canary to try on the one worker."""
 
 from django.conf import settings
 from django.db import migrations
-from django.db.models import F
 
 CANDIDATE_PROMPT = (
     "You are the customer-service assistant of an online shop. Answer in at most three short "
@@ -13,9 +12,19 @@ CANDIDATE_PROMPT = (
 )
 
 
+def tier_policies_create(apps, schema_editor):
+    TierPolicy = apps.get_model("scheduler", "TierPolicy")
+    for tier, fields in settings.RATE_LIMIT_POLICIES.items():
+        TierPolicy.objects.get_or_create(tier=tier, defaults=fields)
+
+
 def variants_create(apps, schema_editor):
     Variant = apps.get_model("scheduler", "Variant")
-    common = {"model": settings.INFERENCE_MODEL_NAME, "max_tokens": settings.GENERATION_MAX_TOKENS}
+    common = {
+        "model": settings.INFERENCE_MODEL_NAME,
+        "max_tokens": settings.GENERATION_MAX_TOKENS,
+        "frequency_penalty": settings.GENERATION_FREQUENCY_PENALTY,
+    }
     Variant.objects.get_or_create(
         name="stable",
         defaults={
@@ -23,6 +32,7 @@ def variants_create(apps, schema_editor):
             "system_prompt": settings.CHAT_SYSTEM_PROMPT,
             "temperature": settings.GENERATION_TEMPERATURE,
             "top_p": settings.GENERATION_TOP_P,
+            "answer_style": settings.CHAT_ANSWER_STYLE,
             "description": "The prompt and sampling answers had before variants were data.",
         },
     )
@@ -33,13 +43,16 @@ def variants_create(apps, schema_editor):
             "system_prompt": CANDIDATE_PROMPT,
             "temperature": 0.3,
             "top_p": 0.9,
+            "answer_style": "verified",
             "description": "Shorter answers, cooler sampling: a canary to try on the same model.",
         },
     )
-    apps.get_model("scheduler", "Generation").objects.filter(model="").update(model=F("variant"))
 
 
 class Migration(migrations.Migration):
-    dependencies = [("scheduler", "0006_variants")]
+    dependencies = [("scheduler", "0001_initial")]
 
-    operations = [migrations.RunPython(variants_create, migrations.RunPython.noop)]
+    operations = [
+        migrations.RunPython(tier_policies_create, migrations.RunPython.noop),
+        migrations.RunPython(variants_create, migrations.RunPython.noop),
+    ]
