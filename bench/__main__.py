@@ -274,7 +274,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from bench import autoscale, peer, plots, scenarios, soak
+    from bench import autoscale, batching, console, fanout, idle, overhead, peer, plots, scheduling, soak
 
     plots.pyplot()  # without matplotlib, stop now rather than after the run
 
@@ -284,7 +284,7 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     print(f"== {args.scenario} ==", flush=True)
     if args.scenario == "overhead":
-        report = scenarios.overhead(
+        report = overhead.overhead(
             engine=args.engine, rounds=args.rounds, pairs=args.pairs, concurrency=16, max_tokens=64
         )
         name = f"overhead-{args.engine}"
@@ -308,11 +308,11 @@ def main() -> None:
             f"({many['throughput_ratio']:.0%})"
         )
     elif args.scenario == "fanout":
-        report = scenarios.fanout(streams=[int(s) for s in args.streams.split(",")], tokens=50)
+        report = fanout.fanout(streams=[int(s) for s in args.streams.split(",")], tokens=50)
         name = "fanout"
         png = plots.fanout(report, args.out / f"{name}.png")
     elif args.scenario == "batching":
-        report = scenarios.batching(concurrencies=[1, 4, 16], max_tokens=64)
+        report = batching.batching(concurrencies=[1, 4, 16], max_tokens=64)
         name = "batching"
         png = plots.batching(report, args.out / f"{name}.png")
         for c, row in report["table"].items():
@@ -321,7 +321,7 @@ def main() -> None:
                 f"{row['ttft_s']['p50']:.2f} s  TPOT p50 {row['tpot_s']['p50'] * 1000:.0f} ms"
             )
     elif args.scenario == "idle":
-        report = scenarios.idle(streams=args.idle_streams, hold_s=40, heartbeat_s=15)
+        report = idle.idle(streams=args.idle_streams, hold_s=40, heartbeat_s=15)
         name = "idle"
         png = plots.idle(report, args.out / f"{name}.png")
         lateness = report["heartbeat_lateness_s"]
@@ -366,12 +366,12 @@ def main() -> None:
                     f"{row['vllm_serve_ttft_to_text_p50_ms']:7.1f} ms  ({row['added_ttft_p50_ms']:+.1f} ms)"
                 )
     elif args.scenario == "console":
-        report = scenarios.console(tabs=[int(n) for n in args.tabs.split(",")], window_s=20.0, refusals=4)
+        report = console.console(tabs=[int(n) for n in args.tabs.split(",")], window_s=20.0, refusals=4)
         name = "console"
         png = "no plot (the figures are printed above)"
     else:
         modes = tuple(args.modes.split(","))
-        report = scenarios.scheduling(
+        report = scheduling.scheduling(
             duration_s=args.duration or 60.0, overload=2.0, vip_share=0.2, modes=modes
         )
         name = "scheduling"

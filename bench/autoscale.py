@@ -19,7 +19,7 @@ from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.load import SessionPool, one_request
-from bench.scenarios import UNLIMITED, question, running
+from bench.stack import UNLIMITED, question, running
 from bench.stats import RequestResult, distribution
 from launcher.process import Process
 from launcher.stack import WORKER_STOP_TIMEOUT_S, Stack, worker_command

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from bench.client import Session
-from bench.scenarios import UNLIMITED
+from bench.stack import UNLIMITED
 from launcher.stack import Stack
 
 if TYPE_CHECKING:
@@ -75,7 +75,7 @@ def facts_satisfy(turn: Turn, answer: str) -> bool:
     )
 
 
-Satisfaction = Callable[[Turn, str], bool]
+Satisfaction = Callable[["Turn", str], bool]
 SATISFACTIONS: dict[str, Satisfaction] = {"facts": facts_satisfy}
 
 

@@ -170,3 +170,52 @@ async def burst(
             *(one_request(pool, tier, prompt(n), results, timeout_s=timeout_s) for n in range(requests))
         )
     return results, time.perf_counter() - started
+
+
+async def queue_requests(pool: SessionPool, count: int, text: str) -> list[tuple[Session, str]]:
+    """Post `count` messages, 50 at a time; returns each browser with its stream's path."""
+
+    async def submit() -> tuple[Session, str]:
+        session = await pool.borrow("normal")
+        conversation = await session.new_conversation()
+        response = await session.post_message(conversation, text)
+        session.close()  # the stream opens its own connection
+        return session, response.json()["stream_url"]
+
+    submitted: list[tuple[Session, str]] = []
+    for start in range(0, count, 50):
+        submitted += await asyncio.gather(*(submit() for _ in range(min(50, count - start))))
+        print(f"\r  queued {len(submitted)}/{count}", end="", flush=True)
+    print(flush=True)
+    return submitted
+
+
+def hello_counter(count: int) -> tuple[asyncio.Event, Callable[[], None]]:
+    """An event set once `count` streams have sent their first status, and the callback."""
+    all_open = asyncio.Event()
+    said = 0
+
+    def on_status() -> None:
+        nonlocal said
+        said += 1
+        if said == count:
+            all_open.set()
+
+    return all_open, on_status
+
+
+async def open_in_waves(count: int, open_one) -> list[asyncio.Task]:
+    """Open `count` streams a few hundred at a time: a server's listen backlog drops a flood
+    of simultaneous connects, and the client would wait out TCP's retransmission timers."""
+    tasks: list[asyncio.Task] = []
+    for start in range(0, count, 200):
+        tasks += [asyncio.create_task(open_one(n)) for n in range(start, min(count, start + 200))]
+        await asyncio.sleep(0.2)
+    return tasks
+
+
+async def until_all_said_hello(tasks: list[asyncio.Task], all_open: asyncio.Event) -> None:
+    waiting = asyncio.create_task(all_open.wait())
+    await asyncio.wait([waiting, *tasks], return_when=asyncio.FIRST_COMPLETED)
+    if not all_open.is_set():
+        raise RuntimeError(f"a stream ended before all were open: {[t.result() for t in tasks if t.done()]}")

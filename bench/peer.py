@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.scenarios import QUESTIONS, UNLIMITED, running
+from bench.stack import QUESTIONS, UNLIMITED, running
 from bench.stats import percentile
 from launcher.vllm_serve import VllmServer
 

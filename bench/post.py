@@ -84,7 +84,7 @@ def _ms(values: list[float]) -> dict[str, float]:
 
 
 def post(*, posts: int, profile_to: Path | None = None) -> dict:
-    from bench.scenarios import UNLIMITED
+    from bench.stack import UNLIMITED
     from launcher.redis import RedisServer
 
     with tempfile.TemporaryDirectory(prefix="bench-post-") as workdir:
@@ -114,7 +114,7 @@ def _run(*, posts: int, profile_to: Path | None) -> dict:
     from django.urls import reverse
 
     from accounts.models import User
-    from bench.scenarios import question
+    from bench.stack import question
     from chat.services import conversation_id_offer
 
     call_command("migrate", "--no-input", verbosity=0)

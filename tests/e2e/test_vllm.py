@@ -11,7 +11,7 @@ import psutil
 import pytest
 import redis
 
-from bench.scenarios import QUESTIONS
+from bench.stack import QUESTIONS
 from tests.e2e.client import ChatClient
 from tests.e2e.conftest import running_stack
 
