@@ -25,13 +25,8 @@ from django.conf import settings
 
 from api.metrics import key_rate_limited_record
 from api.models import ApiKey
-from api.openai_protocol import (
-    GREEDY_TEMPERATURE,
-    ChatCompletionRequest,
-    ChoiceDelta,
-    CompletionRequest,
-    NamedToolChoice,
-)
+from api.openai_requests import GREEDY_TEMPERATURE, ChatCompletionRequest, CompletionRequest, NamedToolChoice
+from api.openai_responses import ChoiceDelta
 from api.openai_shapes import (
     ApiError,
     ChoiceOutcome,

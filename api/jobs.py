@@ -33,7 +33,7 @@ from django.utils import timezone
 
 from accounts.models import User
 from api.models import ApiKey, BatchJob, BatchJobItem
-from api.openai_protocol import ChatCompletionRequest
+from api.openai_requests import ChatCompletionRequest
 from scheduler import control, keys
 from scheduler.admission import AdmissionRefused, request_submit
 from scheduler.generation import (

@@ -1,7 +1,7 @@
 """The OpenAI wire format: parse a chat or text completion request, shape responses, chunks and
 errors.
 
-Requests are parsed by the protocol's pydantic models (`api.openai_protocol`), which follow
+Requests are parsed by the protocol's pydantic models (`api.openai_requests`), which follow
 vLLM's OpenAI server: what it accepts is accepted with the same meaning, what it refuses is a
 400 in OpenAI's error shape naming the parameter, and parameters it does not know are ignored.
 """
@@ -22,30 +22,32 @@ from django.http import JsonResponse
 from pydantic import TypeAdapter, ValidationError
 
 from api.models import BatchJob, BatchJobItem
-from api.openai_protocol import AssistantMessage as AssistantMessageShape
-from api.openai_protocol import (
+from api.openai_requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    FunctionCall,
+    NamedToolChoice,
+    RequestInvalid,
+    SamplingRequest,
+    ToolCall,
+)
+from api.openai_responses import AssistantMessage as AssistantMessageShape
+from api.openai_responses import (
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     Choice,
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
     CompletionLogprobs,
-    CompletionRequest,
-    FunctionCall,
     FunctionCallDelta,
-    NamedToolChoice,
-    RequestInvalid,
-    SamplingRequest,
     TextChoice,
     TextCompletion,
     TextCompletionChunk,
-    ToolCall,
     ToolCallDelta,
 )
-from api.openai_protocol import TokenLogprob as TokenLogprobShape
-from api.openai_protocol import Usage as UsageShape
+from api.openai_responses import TokenLogprob as TokenLogprobShape
+from api.openai_responses import Usage as UsageShape
 from scheduler.admission import AdmissionRefused
 from scheduler.generation import ParsedAnswer, ParsedDelta, TokenLogprob, Usage
 from scheduler.generation import ToolCallDelta as ParsedToolCallDelta

@@ -23,7 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from api import completions, jobs, openai_protocol, tasks
+from api import completions, jobs, tasks
 from api import keys as api_keys
 from api.models import ApiKey, BatchJob
 from api.openai_shapes import (
@@ -39,6 +39,7 @@ from api.openai_shapes import (
     ratelimit_headers,
     text_completion_request_parse,
 )
+from api.openapi import openapi_document
 from chat.sse import SSE_HEADERS
 from scheduler.admission import AdmissionRefused
 from scheduler.key_limits import key_limit_peek
@@ -167,7 +168,7 @@ def not_found(request: HttpRequest, path: str) -> HttpResponse:
 @api_view("GET")
 def openapi(request: HttpRequest) -> HttpResponse:
     """The OpenAPI document of /v1, public like any API reference."""
-    return JsonResponse(openai_protocol.openapi_document())
+    return JsonResponse(openapi_document())
 
 
 @api_view("GET")

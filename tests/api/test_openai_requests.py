@@ -7,7 +7,7 @@ import pytest
 from django.test import override_settings
 from jsonschema.validators import validator_for
 
-from api.openai_protocol import NO_EFFECT, ChatCompletionRequest, CompletionRequest
+from api.openai_requests import NO_EFFECT, ChatCompletionRequest, CompletionRequest
 from api.openai_shapes import (
     ApiError,
     ChoiceOutcome,
