@@ -23,25 +23,18 @@ from typing import Any
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from api.errors import ApiError, generation_error, invalid, model_not_found, request_too_large
 from api.metrics import key_rate_limited_record
 from api.models import ApiKey
-from api.openai_protocol import (
-    GREEDY_TEMPERATURE,
-    ChatCompletionRequest,
-    ChoiceDelta,
-    CompletionRequest,
-    NamedToolChoice,
-)
+from api.openai_requests import GREEDY_TEMPERATURE, ChatCompletionRequest, CompletionRequest, NamedToolChoice
+from api.openai_responses import ChoiceDelta
 from api.openai_shapes import (
-    ApiError,
     ChoiceOutcome,
     ChunkHeader,
     TextChunkHeader,
     completion_id,
     completion_object,
-    invalid,
     logprobs_shape,
-    model_not_found,
     named_tool_call_delta,
     parsed_delta,
     ratelimit_headers,
@@ -75,8 +68,6 @@ from scheduler.routing import variant_for_request
 from scheduler.rules import answer_wait_limit_s
 from scheduler.services import generation_cache_note
 
-# An answer that expired in the queue met a long queue moments ago: give it time to drain.
-EXPIRED_RETRY_AFTER_S = 10
 # Admission's refusals for a key's own limits -> the limit, as the metrics name it.
 KEY_LIMIT_REASONS = {"rate_limited_key_requests": "requests", "rate_limited_key_tokens": "tokens"}
 
@@ -134,23 +125,6 @@ def _tokens_at_most(request: AnyCompletionRequest) -> int:
     else:
         prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
     return prompt_tokens + request.answer_max_tokens
-
-
-def request_too_large(
-    *, api_key: ApiKey, tokens: int, tokens_per_minute: int, param: str | None = None
-) -> ApiError:
-    """A request whose worst case exceeds its key's tokens per minute: it would never be admitted."""
-    key_rate_limited_record(api_key=api_key, limit="tokens")
-    return ApiError(
-        429,
-        f"Request too large: it may use {tokens} tokens (prompt and max_tokens, for every choice), over "
-        f"this key's limit of {tokens_per_minute} tokens per minute. Lower max_tokens or n, or shorten "
-        "the prompt.",
-        type="tokens",
-        code="rate_limit_exceeded",
-        param=param,
-        retryable=False,
-    )
 
 
 def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> SubmittedCompletion:
@@ -250,14 +224,6 @@ def _auto_tool_choice_unavailable() -> ApiError:
         'this model has no tool-call parser here. Use tool_choice "required" or name the function.',
         "tool_choice",
     )
-
-
-def generation_error(code: str, message: str) -> ApiError:
-    """A request admitted but not answered. Only an expired one is worth retrying soon: the
-    others (timeout, engine failure, cancelled) would most likely end the same way again."""
-    if code == "expired":
-        return ApiError(503, message, type="server_error", code=code, retry_after_s=EXPIRED_RETRY_AFTER_S)
-    return ApiError(500, message, type="server_error", code=code, retryable=False)
 
 
 def _cancelled() -> ApiError:

@@ -18,9 +18,9 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -33,7 +33,8 @@ from django.utils import timezone
 
 from accounts.models import User
 from api.models import ApiKey, BatchJob, BatchJobItem
-from api.openai_protocol import ChatCompletionRequest
+from api.openai_requests import ChatCompletionRequest
+from api.openai_shapes import ChoiceOutcome, completion_object
 from scheduler import control, keys
 from scheduler.admission import AdmissionRefused, request_submit
 from scheduler.generation import (
@@ -44,6 +45,7 @@ from scheduler.generation import (
     Origin,
     SamplingParams,
     Tier,
+    Usage,
     event_decode,
 )
 from scheduler.key_limits import KeyLimits
@@ -421,3 +423,55 @@ def job_ids_stalled() -> list[UUID]:
             Q(lease_expires_at__isnull=True) | Q(lease_expires_at__lt=now), status__in=ACTIVE
         ).values_list("pk", flat=True)
     )
+
+
+# --- as the API shows them ----------------------------------------------------------------------
+
+
+def _timestamp(moment: datetime | None) -> int | None:
+    return int(moment.timestamp()) if moment is not None else None
+
+
+def _item_result(item: BatchJobItem) -> dict[str, Any]:
+    result: dict[str, Any] = {"index": item.index, "status": item.status, "response": None, "error": None}
+    if item.status == BatchJobItem.Status.COMPLETED:
+        answer = item.generation
+        result["response"] = completion_object(
+            request_id=str(item.generation_id),
+            created=_timestamp(answer.finished_at) or 0,
+            model=answer.variant,
+            choices=[ChoiceOutcome(text=answer.text, finish_reason=answer.finish_reason)],
+            usage=Usage(answer.prompt_tokens or 0, answer.completion_tokens or 0),
+        )
+    elif item.status == BatchJobItem.Status.FAILED:
+        answer = item.generation
+        result["error"] = {"code": answer.error_code, "message": answer.error_message}
+    elif item.status == BatchJobItem.Status.CANCELLED and item.job.status == BatchJob.Status.KEY_REVOKED:
+        result["error"] = {
+            "code": "key_revoked",
+            "message": "The job's API key was revoked before this request was answered.",
+        }
+    elif item.status == BatchJobItem.Status.CANCELLED:
+        result["error"] = {
+            "code": "cancelled",
+            "message": "The job was cancelled before this request was answered.",
+        }
+    return result
+
+
+def job_object(
+    job: BatchJob, progress: dict[str, int], items: Iterable[BatchJobItem] | None = None
+) -> dict[str, Any]:
+    """The job as the API shows it; `results` (one per request, in order) when items are given."""
+    body: dict[str, Any] = {
+        "id": str(job.pk),
+        "object": "job",
+        "status": job.status,
+        "created_at": _timestamp(job.created_at),
+        "started_at": _timestamp(job.started_at),
+        "finished_at": _timestamp(job.finished_at),
+        "progress": progress,
+    }
+    if items is not None:
+        body["results"] = [_item_result(item) for item in items]
+    return body

@@ -1,9 +1,5 @@
-"""The OpenAI wire format: parse a chat or text completion request, shape responses, chunks and
-errors.
-
-Requests are parsed by the protocol's pydantic models (`api.openai_protocol`), which follow
-vLLM's OpenAI server: what it accepts is accepted with the same meaning, what it refuses is a
-400 in OpenAI's error shape naming the parameter, and parameters it does not know are ignored.
+"""Build OpenAI's responses from what the generations gave: chat and text completions whole and
+as stream chunks, their logprobs, tool calls and their deltas, models, and x-ratelimit-* headers.
 """
 
 from __future__ import annotations
@@ -14,85 +10,37 @@ import re
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime
-from typing import Any, TypeVar
+from typing import Any
 
-from django.conf import settings
-from django.http import JsonResponse
 from pydantic import TypeAdapter, ValidationError
 
-from api.models import BatchJob, BatchJobItem
-from api.openai_protocol import AssistantMessage as AssistantMessageShape
-from api.openai_protocol import (
+from api.openai_requests import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    FunctionCall,
+    NamedToolChoice,
+    ToolCall,
+)
+from api.openai_responses import AssistantMessage as AssistantMessageShape
+from api.openai_responses import (
     ChatCompletion,
     ChatCompletionChunk,
-    ChatCompletionRequest,
     Choice,
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
     CompletionLogprobs,
-    CompletionRequest,
-    FunctionCall,
     FunctionCallDelta,
-    NamedToolChoice,
-    RequestInvalid,
-    SamplingRequest,
     TextChoice,
     TextCompletion,
     TextCompletionChunk,
-    ToolCall,
     ToolCallDelta,
 )
-from api.openai_protocol import TokenLogprob as TokenLogprobShape
-from api.openai_protocol import Usage as UsageShape
-from scheduler.admission import AdmissionRefused
+from api.openai_responses import TokenLogprob as TokenLogprobShape
+from api.openai_responses import Usage as UsageShape
 from scheduler.generation import ParsedAnswer, ParsedDelta, TokenLogprob, Usage
 from scheduler.generation import ToolCallDelta as ParsedToolCallDelta
 from scheduler.key_limits import KeyLimitState, LimitLevel
-from scheduler.prompt import ChatTemplateError, prompt_token_count, text_prompt_token_count
-
-SamplingRequestT = TypeVar("SamplingRequestT", bound=SamplingRequest)
-
-
-class ApiError(Exception):
-    """An error response in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        *,
-        type: str = "invalid_request_error",  # OpenAI's field name
-        code: str | int | None = None,  # vLLM's errors carry their status here
-        param: str | None = None,
-        retry_after_s: int | None = None,
-        retryable: bool | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.type = type
-        self.code = code
-        self.param = param
-        self.retry_after_s = retry_after_s
-        self.retryable = retryable
-        self.headers = headers or {}
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
-
-    def response(self) -> JsonResponse:
-        response = JsonResponse(self.body(), status=self.status, headers=self.headers)
-        if self.retry_after_s is not None:
-            response["Retry-After"] = str(self.retry_after_s)
-        if self.status == 401:
-            response["WWW-Authenticate"] = "Bearer"
-        if self.retryable is not None:
-            # OpenAI's SDKs obey this over their own retry rules (which retry every 5xx).
-            response["x-should-retry"] = "true" if self.retryable else "false"
-        return response
 
 
 def ratelimit_duration(seconds: float) -> str:
@@ -124,137 +72,6 @@ def _ratelimit_trio(kind: str, level: LimitLevel) -> dict[str, str]:
         f"x-ratelimit-remaining-{kind}": str(level.remaining),
         f"x-ratelimit-reset-{kind}": ratelimit_duration(level.reset_s),
     }
-
-
-def invalid(message: str, param: str | None = None) -> ApiError:
-    return ApiError(400, message, param=param)
-
-
-def api_error_for_refusal(refusal: AdmissionRefused, headers: dict[str, str] | None = None) -> ApiError:
-    """`headers`: the key's x-ratelimit-* headers, when it has limits of its own."""
-    if refusal.status == 429:
-        tokens = refusal.reason == "rate_limited_key_tokens"
-        message = refusal.message
-        if refusal.reason in {"rate_limited_key_requests", "rate_limited_key_tokens"}:
-            per_minute = "tokens per minute (TPM)" if tokens else "requests per minute (RPM)"
-            message = (
-                f"Rate limit reached for {per_minute} on this API key. "
-                f"Please try again in {refusal.retry_after_s}s."
-            )
-        return ApiError(
-            429,
-            message,
-            type="tokens" if tokens else "requests",
-            code="rate_limit_exceeded",
-            retry_after_s=refusal.retry_after_s,
-            headers=headers,
-        )
-    return ApiError(
-        refusal.status,
-        refusal.message,
-        type="server_error",
-        code=refusal.reason,
-        retry_after_s=refusal.retry_after_s,
-        headers=headers,
-    )
-
-
-# Steps of a pydantic error location that name a branch of a union or a validator, not a field
-# (as vLLM's server drops them from `param`).
-_LOCATION_MARKERS = frozenset(
-    {"str", "int", "float", "bool", "list", "dict", "none", "union", "tagged-union"}
-)
-
-
-def _param(location: tuple[int | str, ...], prefix: str) -> str | None:
-    """A pydantic error location as OpenAI names a parameter: `messages[0].content`."""
-    param = ""
-    for part in location:
-        if isinstance(part, int):
-            param += f"[{part}]"
-        elif not (
-            part in _LOCATION_MARKERS
-            or part.startswith("constrained-")
-            or part[:1].isupper()  # a model's name: the branch of a union
-            or any(c in part for c in "[](){}")
-        ):
-            param += f".{part}" if param else part
-    return prefix + param if param else prefix.rstrip(".") or None
-
-
-def _validation_error(exc: ValidationError, prefix: str) -> ApiError:
-    error = exc.errors()[0]
-    cause = (error.get("ctx") or {}).get("error")
-    if isinstance(cause, RequestInvalid):
-        param = prefix + cause.param if cause.param else _param(error["loc"], prefix)
-        return invalid(cause.message, param)
-    param = _param(error["loc"], prefix)
-    if error["type"] == "missing":
-        return invalid(f"`{param}` is required.", param)
-    return invalid(f"Invalid value for `{param}`: {error['msg']}.", param)
-
-
-def _context_check(prompt_tokens: int, max_tokens: int, *, param: str, prompt_name: str) -> None:
-    """Refuse, before it is queued, a prompt that the model's context cannot hold with its answer."""
-    context = settings.INFERENCE_MAX_MODEL_LEN
-    if prompt_tokens + max_tokens > context:
-        raise ApiError(
-            400,
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{prompt_tokens + max_tokens} tokens ({prompt_tokens} in the {prompt_name}, {max_tokens} in "
-            f"the completion). Please reduce the length of the {prompt_name} or completion.",
-            param=param,
-            code="context_length_exceeded",
-        )
-
-
-def _parsed(model: type[SamplingRequestT], data: Any, param_prefix: str) -> SamplingRequestT:
-    if not isinstance(data, dict):
-        raise invalid("The request body must be a JSON object.", param_prefix.rstrip(".") or None)
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise _validation_error(exc, param_prefix) from None
-
-
-def model_not_found(model: str) -> ApiError:
-    """vLLM's answer to a request naming a model it does not serve."""
-    return ApiError(
-        404, f"The model `{model}` does not exist.", type="NotFoundError", param="model", code=404
-    )
-
-
-def chat_request_parse(data: Any, *, param_prefix: str = "", in_job: bool = False) -> ChatCompletionRequest:
-    """Validate a chat completion request body (already decoded JSON); raises ApiError(400).
-    A job's requests are answered whole, one choice each, from the stored answer's text."""
-    request = _parsed(ChatCompletionRequest, data, param_prefix)
-    if in_job:
-        for name, used in (
-            ("stream", request.stream),
-            ("n", request.choices > 1),
-            ("logprobs", request.logprobs),
-            ("tool_choice", request.tool_choice not in (None, "none")),
-        ):
-            if used:
-                raise invalid(f"`{name}` is not available for requests in a job.", param_prefix + name)
-    param = param_prefix + "messages"
-    try:
-        prompt_tokens = prompt_token_count(request.prompt_messages(), model_path=settings.INFERENCE_MODEL)
-    except ChatTemplateError as exc:
-        raise invalid(f"The model's chat template refused the messages: {exc}", param) from None
-    _context_check(prompt_tokens, request.answer_max_tokens, param=param, prompt_name="messages")
-    return request
-
-
-def text_completion_request_parse(data: Any) -> CompletionRequest:
-    """Validate a /v1/completions body (already decoded JSON); raises ApiError(400)."""
-    request = _parsed(CompletionRequest, data, "")
-    prompt_tokens = text_prompt_token_count(request.prompt_text, model_path=settings.INFERENCE_MODEL)
-    _context_check(prompt_tokens, request.answer_max_tokens, param="prompt", prompt_name="prompt")
-    return request
-
-
-# --- responses ------------------------------------------------------------------------------
 
 
 def completion_id(request_id: str) -> str:
@@ -605,81 +422,3 @@ def model_list(models: dict[str, str]) -> dict[str, Any]:
 def model_object(variant: str, engines: str) -> dict[str, Any]:
     # `created` is required by the SDKs; a variant has no creation time we could know.
     return {"id": variant, "object": "model", "created": 0, "owned_by": engines}
-
-
-# --- jobs -------------------------------------------------------------------------------------
-
-
-def job_requests_parse(data: Any) -> list[ChatCompletionRequest]:
-    """`{"requests": [chat completion request, ...]}`; raises ApiError(400)."""
-    limit = settings.BATCH_JOB_MAX_REQUESTS
-    requests = data.get("requests") if isinstance(data, dict) else None
-    if not isinstance(requests, list) or not 1 <= len(requests) <= limit:
-        raise invalid(f"`requests` must be a list of 1 to {limit} chat completion requests.", "requests")
-    # A job's requests are stored, and PostgreSQL stores no NUL character.
-    for n, request in enumerate(requests):
-        if _has_nul(request):
-            raise invalid("A stored request cannot contain NUL characters.", f"requests[{n}]")
-    return [
-        chat_request_parse(request, param_prefix=f"requests[{n}].", in_job=True)
-        for n, request in enumerate(requests)
-    ]
-
-
-def _has_nul(value: Any) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(key) or _has_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(item) for item in value)
-    return False
-
-
-def _timestamp(moment: datetime | None) -> int | None:
-    return int(moment.timestamp()) if moment is not None else None
-
-
-def _item_result(item: BatchJobItem) -> dict[str, Any]:
-    result: dict[str, Any] = {"index": item.index, "status": item.status, "response": None, "error": None}
-    if item.status == BatchJobItem.Status.COMPLETED:
-        answer = item.generation
-        result["response"] = completion_object(
-            request_id=str(item.generation_id),
-            created=_timestamp(answer.finished_at) or 0,
-            model=answer.variant,
-            choices=[ChoiceOutcome(text=answer.text, finish_reason=answer.finish_reason)],
-            usage=Usage(answer.prompt_tokens or 0, answer.completion_tokens or 0),
-        )
-    elif item.status == BatchJobItem.Status.FAILED:
-        answer = item.generation
-        result["error"] = {"code": answer.error_code, "message": answer.error_message}
-    elif item.status == BatchJobItem.Status.CANCELLED and item.job.status == BatchJob.Status.KEY_REVOKED:
-        result["error"] = {
-            "code": "key_revoked",
-            "message": "The job's API key was revoked before this request was answered.",
-        }
-    elif item.status == BatchJobItem.Status.CANCELLED:
-        result["error"] = {
-            "code": "cancelled",
-            "message": "The job was cancelled before this request was answered.",
-        }
-    return result
-
-
-def job_object(
-    job: BatchJob, progress: dict[str, int], items: Iterable[BatchJobItem] | None = None
-) -> dict[str, Any]:
-    """The job as the API shows it; `results` (one per request, in order) when items are given."""
-    body: dict[str, Any] = {
-        "id": str(job.pk),
-        "object": "job",
-        "status": job.status,
-        "created_at": _timestamp(job.created_at),
-        "started_at": _timestamp(job.started_at),
-        "finished_at": _timestamp(job.finished_at),
-        "progress": progress,
-    }
-    if items is not None:
-        body["results"] = [_item_result(item) for item in items]
-    return body

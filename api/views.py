@@ -23,22 +23,21 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.urls import reverse
 from django.views.decorators.csrf import csrf_exempt
 
-from api import completions, jobs, openai_protocol, tasks
+from api import completions, jobs, tasks
 from api import keys as api_keys
-from api.models import ApiKey, BatchJob
-from api.openai_shapes import (
+from api.errors import (
     ApiError,
     api_error_for_refusal,
     chat_request_parse,
     invalid,
-    job_object,
     job_requests_parse,
-    model_list,
     model_not_found,
-    model_object,
-    ratelimit_headers,
+    request_too_large,
     text_completion_request_parse,
 )
+from api.models import ApiKey, BatchJob
+from api.openai_shapes import model_list, model_object, ratelimit_headers
+from api.openapi import openapi_document
 from chat.sse import SSE_HEADERS
 from scheduler.admission import AdmissionRefused
 from scheduler.key_limits import key_limit_peek
@@ -167,7 +166,7 @@ def not_found(request: HttpRequest, path: str) -> HttpResponse:
 @api_view("GET")
 def openapi(request: HttpRequest) -> HttpResponse:
     """The OpenAPI document of /v1, public like any API reference."""
-    return JsonResponse(openai_protocol.openapi_document())
+    return JsonResponse(openapi_document())
 
 
 @api_view("GET")
@@ -245,7 +244,7 @@ def job_create(request: HttpRequest) -> HttpResponse:
     except jobs.ModelUnknown as exc:
         raise model_not_found(exc.model) from None
     except jobs.RequestTooLarge as exc:
-        raise completions.request_too_large(
+        raise request_too_large(
             api_key=api_key,
             tokens=exc.tokens,
             tokens_per_minute=exc.tokens_per_minute,
@@ -255,7 +254,7 @@ def job_create(request: HttpRequest) -> HttpResponse:
         # No honest Retry-After: jobs take as long as they take. Clients should not loop.
         raise ApiError(429, str(exc), type="requests", code="too_many_active_jobs", retryable=False) from None
     tasks.job_start(job.pk)
-    response = JsonResponse(job_object(job, jobs.job_progress(job=job)), status=202)
+    response = JsonResponse(jobs.job_object(job, jobs.job_progress(job=job)), status=202)
     response["Location"] = reverse("api:job", args=[job.pk])
     return response
 
@@ -263,7 +262,7 @@ def job_create(request: HttpRequest) -> HttpResponse:
 @api_view("GET")
 def job_detail(request: HttpRequest, job_id: UUID) -> HttpResponse:
     job = _owned_job(request, job_id)
-    return JsonResponse(job_object(job, jobs.job_progress(job=job), jobs.job_items(job=job)))
+    return JsonResponse(jobs.job_object(job, jobs.job_progress(job=job), jobs.job_items(job=job)))
 
 
 @api_view("POST")
@@ -271,4 +270,4 @@ def job_cancel(request: HttpRequest, job_id: UUID) -> HttpResponse:
     job = _owned_job(request, job_id)
     if not jobs.job_cancel(job=job) and job.status == BatchJob.Status.COMPLETED:
         raise ApiError(409, "This job has already completed.", code="job_completed")
-    return JsonResponse(job_object(job, jobs.job_progress(job=job)))
+    return JsonResponse(jobs.job_object(job, jobs.job_progress(job=job)))

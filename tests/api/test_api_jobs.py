@@ -14,8 +14,8 @@ from django.utils import timezone
 from accounts.models import User
 from api import jobs, tasks
 from api import keys as api_keys
+from api.errors import chat_request_parse
 from api.models import ApiKey, BatchJob, BatchJobItem
-from api.openai_shapes import chat_request_parse
 from config.celery import app
 from scheduler import keys
 from scheduler.admission import request_submit

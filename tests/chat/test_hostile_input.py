@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from accounts.models import User
 from api import keys as api_keys
 from api import urls as api_urls
-from api.openai_shapes import ApiError, chat_request_parse, job_requests_parse
+from api.errors import ApiError, chat_request_parse, job_requests_parse
 from chat.models import Conversation, Message
 from scheduler import keys
 from scheduler.models import TierPolicy

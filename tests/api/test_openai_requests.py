@@ -7,15 +7,9 @@ import pytest
 from django.test import override_settings
 from jsonschema.validators import validator_for
 
-from api.openai_protocol import NO_EFFECT, ChatCompletionRequest, CompletionRequest
-from api.openai_shapes import (
-    ApiError,
-    ChoiceOutcome,
-    chat_request_parse,
-    completion_object,
-    required_tool_calls,
-    text_completion_request_parse,
-)
+from api.errors import ApiError, chat_request_parse, text_completion_request_parse
+from api.openai_requests import NO_EFFECT, ChatCompletionRequest, CompletionRequest
+from api.openai_shapes import ChoiceOutcome, completion_object, required_tool_calls
 from scheduler.generation import SamplingParams, StructuredOutput, TokenLogprob, TopLogprob, Usage
 
 HELLO = {"model": "stable", "messages": [{"role": "user", "content": "Where is my order?"}]}
