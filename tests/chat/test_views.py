@@ -144,7 +144,8 @@ def test_a_flood_from_one_client_gets_429_with_the_buckets_refill_time(client_al
     policies_mirror()
     responses = _flood(client_alice, alice, 8)
     assert [r.status_code for r in responses] == [202] * 6 + [429] * 2
-    assert int(responses[-1]["Retry-After"]) == 60
+    # Honest: the time until the bucket holds a token again, less what has refilled since.
+    assert 45 <= int(responses[-1]["Retry-After"]) <= 60
     assert responses[-1].json()["error"]["code"] == "rate_limited_user"
     assert Message.objects.count() == 12
 
