@@ -2,6 +2,7 @@
 validators."""
 
 import pytest
+from django.contrib.auth.backends import ModelBackend
 from django.contrib.auth.password_validation import validate_password
 from django.core.exceptions import ValidationError
 from django.test import Client, override_settings
@@ -26,8 +27,8 @@ def alice() -> User:
     return User.objects.create_user("alice", password="correct horse battery")
 
 
-def _sign_in(username: str, password: str, address: str = "192.0.2.1"):
-    return Client(REMOTE_ADDR=address).post("/accounts/login/", {"username": username, "password": password})
+def _sign_in(username: str, password: str, address: str = "192.0.2.1", form: str = "/accounts/login/"):
+    return Client(REMOTE_ADDR=address).post(form, {"username": username, "password": password})
 
 
 def test_a_username_with_too_many_failures_is_refused_with_429_even_with_the_right_password(alice):
@@ -63,3 +64,37 @@ def test_common_numeric_or_personal_passwords_are_refused(password):
     user = User(username="alice-smith", email="alice@example.com")
     with pytest.raises(ValidationError):
         validate_password(password, user)
+
+
+@pytest.mark.security
+def test_guessing_a_staff_password_at_the_admin_sign_in_is_refused_after_five_failures():
+    User.objects.create_user("sam", password="correct horse battery", is_staff=True, is_superuser=True)
+    for n in range(5):
+        guessed = _sign_in("sam", f"guess-{n}", address=f"198.51.100.{n}", form="/admin/login/")
+        assert guessed.status_code == 200
+    refused = _sign_in("sam", "correct horse battery", address="203.0.113.9", form="/admin/login/")
+    assert refused.status_code == 429
+    assert 0 < int(refused["Retry-After"]) <= 900
+    assert "_auth_user_id" not in refused.wsgi_request.session
+    # One count for both forms: the customers' sign-in refuses the same username.
+    assert _sign_in("sam", "correct horse battery", address="203.0.113.10").status_code == 429
+
+
+@pytest.mark.security
+def test_guesses_sent_while_a_password_is_being_checked_never_exceed_the_windows_five(alice, monkeypatch):
+    """Attempts in parallel: each one sent while the first's password is being checked. Counted
+    only after their check, all of them would reach it."""
+    checked: list[str] = []
+    check_password = ModelBackend.authenticate
+
+    def slow_check(self, request, username=None, password=None, **kwargs):
+        checked.append(password)
+        if len(checked) == 1:
+            for n in range(10):
+                _sign_in("alice", f"parallel-{n}", address=f"198.51.100.{n + 10}")
+        return check_password(self, request, username=username, password=password, **kwargs)
+
+    monkeypatch.setattr(ModelBackend, "authenticate", slow_check)
+    assert _sign_in("alice", "first", address="198.51.100.1").status_code == 200
+    assert len(checked) == 5  # LOGIN_MAX_FAILURES_PER_USERNAME
+    assert _sign_in("alice", "correct horse battery", address="203.0.113.9").status_code == 429

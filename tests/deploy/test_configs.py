@@ -163,3 +163,11 @@ def test_the_nginx_example_streams_hand_off_events_unbuffered():
     stream = stream[: stream.index("}")]
     assert "proxy_buffering off;" in stream
     assert "proxy_read_timeout 45s;" in stream
+
+
+@pytest.mark.security
+def test_the_nginx_example_does_not_pass_the_django_admin_to_the_internet():
+    config = "\n".join(line.partition("#")[0] for line in (DEPLOY / "nginx.conf").read_text().splitlines())
+    admin = config[config.index("location /admin/ {") :]
+    admin = admin[: admin.index("}")]
+    assert "return 404;" in admin
