@@ -98,3 +98,27 @@ def test_guesses_sent_while_a_password_is_being_checked_never_exceed_the_windows
     assert _sign_in("alice", "first", address="198.51.100.1").status_code == 200
     assert len(checked) == 5  # LOGIN_MAX_FAILURES_PER_USERNAME
     assert _sign_in("alice", "correct horse battery", address="203.0.113.9").status_code == 429
+
+
+@pytest.mark.security
+@override_settings(TRUSTED_PROXIES=["10.0.0.0/8"])
+def test_failed_sign_ins_behind_the_ingress_network_lock_out_only_their_own_address(alice):
+    """Behind a load balancer every request comes from the ingress's pods: one customer's bad
+    sign-ins must not lock out every other."""
+    for n in range(20):  # LOGIN_MAX_FAILURES_PER_ADDRESS, each through another ingress pod
+        Client(REMOTE_ADDR=f"10.1.0.{n}", HTTP_X_FORWARDED_FOR="198.51.100.66").post(
+            "/accounts/login/", {"username": f"user-{n}", "password": "guess"}
+        )
+    elsewhere = Client(REMOTE_ADDR="10.1.0.99", HTTP_X_FORWARDED_FOR="203.0.113.5")
+    assert (
+        elsewhere.post(
+            "/accounts/login/", {"username": "alice", "password": "correct horse battery"}
+        ).status_code
+        == 302
+    )
+    # A cloud load balancer (10.2.0.1) in front of the ingress: its address is a proxy's too.
+    chained = Client(REMOTE_ADDR="10.1.0.3", HTTP_X_FORWARDED_FOR="198.51.100.66, 10.2.0.1")
+    assert chained.post("/accounts/login/", {"username": "bob", "password": "guess"}).status_code == 429
+    # What a client writes in the header itself, left of what the proxies saw, counts for nothing.
+    forged = Client(REMOTE_ADDR="10.1.0.3", HTTP_X_FORWARDED_FOR="203.0.113.5, 198.51.100.66")
+    assert forged.post("/accounts/login/", {"username": "bob", "password": "guess"}).status_code == 429

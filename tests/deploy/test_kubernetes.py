@@ -240,3 +240,9 @@ def test_every_celery_queue_has_a_worker_and_the_periodic_one_its_own(overlay):
             consumed.append(set(command[command.index("--queues") + 1].split(",")))
     assert routed | {"celery"} <= set().union(*consumed)
     assert {"celery"} in consumed
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_web_believes_the_ingress_networks_forwarded_addresses(overlay):
+    assert _config(overlay)["TRUSTED_PROXIES"] == "10.0.0.0/8"
