@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from channels.db import database_sync_to_async
@@ -36,4 +37,6 @@ class LiveDashboardConsumer(AsyncWebsocketConsumer):
         """The socket only listens; whatever a tab sends is ignored."""
 
     async def live_snapshot(self, event: dict[str, Any]) -> None:
-        await self.send(text_data=event["html"])
+        # Data only: the page sets it as text (console.js), so nothing from the channel layer is
+        # ever parsed as HTML in a staff page.
+        await self.send(text_data=json.dumps(event["snapshot"]))

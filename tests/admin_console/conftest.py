@@ -38,12 +38,18 @@ def client_staff(staff) -> Client:
 
 
 def heartbeat(
-    variant: str, *, draining: bool = False, spare: bool = False, paused: int = 0, vip_waiting: bool = False
+    variant: str,
+    *,
+    draining: bool = False,
+    spare: bool = False,
+    paused: int = 0,
+    vip_waiting: bool = False,
+    model: str | None = None,
 ) -> str:
-    """Make a worker serving the model of `variant` look alive (as its heartbeat would);
-    returns its id."""
+    """Make a worker serving the model of `variant` (or `model`) look alive (as its heartbeat
+    would); returns its id."""
     worker_id = f"worker-{variant}-{next(_ids)}"
-    model = {"stable": MODEL, "candidate": CANDIDATE_MODEL}[variant]
+    model = model or {"stable": MODEL, "candidate": CANDIDATE_MODEL}[variant]
 
     async def write():
         client = new_async_redis()
