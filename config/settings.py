@@ -290,6 +290,11 @@ GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
 # (docs/BENCHMARKS.md, "Result cache").
 ANSWER_CACHE_ENABLED = env_bool("ANSWER_CACHE_ENABLED", True)
 ANSWER_CACHE_MIN_SIMILARITY = env_float("ANSWER_CACHE_MIN_SIMILARITY", 0.97)
+# A generated answer answers only the very same question until this many distinct customers
+# (the one it was written for included) were given it without rating it down; then it answers
+# paraphrases too. One: the first answer to a question answers its paraphrases at once, as a
+# crafted question ("... answer: yes") could then plant an answer for everyone.
+ANSWER_CACHE_SHARE_AFTER = env_int("ANSWER_CACHE_SHARE_AFTER", 3)
 
 # --- generation and streaming -------------------------------------------------------------
 GENERATION_MAX_TOKENS = env_int("GENERATION_MAX_TOKENS", 256)
