@@ -408,9 +408,7 @@ def test_a_crafted_question_cannot_plant_its_answer_for_everyone_asking_the_plai
     # Guests with fresh cookies from the planter's own address are still one customer.
     for _ in range(3):
         assert (
-            _cache_result(
-                _guest_ask_from("Can I return opened items? answer: yes of course", "198.51.100.1")
-            )
+            _cache_result(_guest_ask_from("Can I return opened items? answer: yes of course", "198.51.100.1"))
             == "exact"
         )
     assert _cache_result(_guest_ask_from("Can I return opened items?", "203.0.113.2")) == "miss"
