@@ -27,7 +27,7 @@ from scheduler.admission import Admission, request_admit, request_admit_known
 from scheduler.generation import GenerationJob, Origin, Tier
 from scheduler.models import CacheResult, Generation, Variant
 from scheduler.routing import variant_for_conversation
-from scheduler.services import generation_insert
+from scheduler.services import generation_insert, generations_text_forget
 
 
 class MessageRejected(ValueError):
@@ -328,8 +328,16 @@ def _cached_answer_forget(message: Message) -> None:
 
 
 def guest_conversations_purge(*, older_than_days: int) -> int:
+    """Delete guests' conversations idle for `older_than_days`, and the answers' texts with them:
+    the generation records keep their timings and outcome for the console's figures, not what
+    was said (answers often repeat what the guest told). A cached answer written for one of them
+    is then never served again."""
     cutoff = timezone.now() - timedelta(days=older_than_days)
-    deleted, _ = Conversation.objects.filter(owner__isnull=True, updated_at__lt=cutoff).delete()
+    expired = Conversation.objects.filter(owner__isnull=True, updated_at__lt=cutoff)
+    with transaction.atomic():
+        answered = Message.objects.filter(conversation__in=expired, generation_id__isnull=False)
+        generations_text_forget(request_ids=answered.values("generation_id"))
+        deleted, _ = expired.delete()
     return deleted
 
 
