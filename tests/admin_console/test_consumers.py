@@ -11,6 +11,7 @@ from django.conf import settings
 from django.test import Client
 
 from accounts.models import User
+from admin_console import consumers
 from config.routing import application
 from scheduler import timeseries
 from tests.admin_console.conftest import heartbeat
@@ -120,3 +121,43 @@ def test_markup_written_into_redis_reaches_staff_tabs_as_data_not_html():
     snapshot = asyncio.run(tab())
     [worker] = [w for w in snapshot["workers"] if w["model"] == planted]
     assert worker["model"] == planted  # the same characters, to be shown as they are
+
+
+def _closed_after(headers: list[tuple[bytes, bytes]], change) -> dict:
+    """Open a tab, see a snapshot, make `change` (in a thread), then the tab's next output that
+    is not a snapshot."""
+
+    async def tab() -> dict:
+        communicator, connected, _ = await _open(headers)
+        assert connected
+        await communicator.receive_from(timeout=DEADLINE_S)
+        await asyncio.to_thread(change)
+        async with asyncio.timeout(DEADLINE_S):
+            while True:
+                output = await communicator.receive_output(timeout=DEADLINE_S)
+                if output["type"] == "websocket.close":
+                    return output
+
+    return asyncio.run(tab())
+
+
+@pytest.mark.security
+def test_a_staff_member_demoted_while_watching_stops_receiving_the_dashboard(monkeypatch):
+    monkeypatch.setattr(consumers, "ACCESS_RECHECK_S", 0.0)
+    staff = User.objects.create_user("sam", password="pw", is_staff=True)
+    closed = _closed_after(
+        [ORIGIN, *_session_cookie(staff)], lambda: User.objects.filter(pk=staff.pk).update(is_staff=False)
+    )
+    assert closed["code"] == consumers.CLOSE_NOT_STAFF
+
+
+@pytest.mark.security
+def test_signing_out_elsewhere_closes_the_dashboards_socket(monkeypatch):
+    monkeypatch.setattr(consumers, "ACCESS_RECHECK_S", 0.0)
+    staff = User.objects.create_user("sam", password="pw", is_staff=True)
+    browser = Client()
+    browser.force_login(staff)
+    cookie = browser.cookies[settings.SESSION_COOKIE_NAME].value
+    headers = [ORIGIN, (b"cookie", f"{settings.SESSION_COOKIE_NAME}={cookie}".encode())]
+    closed = _closed_after(headers, browser.logout)
+    assert closed["code"] == consumers.CLOSE_NOT_STAFF

@@ -19,6 +19,7 @@ from scheduler import keys
 from scheduler.models import Generation, Variant
 from scheduler.redis import sync_redis
 from tests import worker_double
+from tests.admin_console.conftest import console_administrator
 from tests.generation_jobs import MODEL
 
 pytestmark = pytest.mark.django_db
@@ -364,8 +365,7 @@ def test_a_cached_answer_rated_down_drops_the_entry_it_was_served_from(alice, ar
 
 
 def test_staff_pin_an_answer_and_it_is_served_to_the_question_and_its_paraphrases(articles):
-    staff = User.objects.create_user("sam", password="pw", is_staff=True)
-    console = _signed_in(staff)
+    console = _signed_in(console_administrator())
     pinned = "Our returns window is 30 days; start a return from your orders page."
     response = console.post(
         "/console/cache/pin", {"variant": "stable", "question": "How do I return an item?", "answer": pinned}
