@@ -53,6 +53,15 @@ SECURE_PROXY_SSL_HEADER = (
     ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
 )
 
+# Sent with every response (config.middleware.ContentSecurityPolicyMiddleware): scripts only from
+# this site's files (no inline script, no event handler attribute, no eval), so markup that got
+# into a page could not run. Styles may be inline (a bar's width, an icon's rotation).
+CONTENT_SECURITY_POLICY = env_str(
+    "CONTENT_SECURITY_POLICY",
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+)
+
 INSTALLED_APPS = [
     # inference comes before channels so its `runworker` extends Channels' command.
     "inference",
@@ -75,6 +84,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.middleware.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",

@@ -135,9 +135,23 @@
   let socket = null;
   let reconnectMs = 500;
 
-  /** The htmx poll's filter: poll only while the socket is not delivering. */
-  window.consoleLiveNeedsPoll = () =>
+  const POLL_MS = 2000;
+
+  /** Poll only while the socket is not delivering. */
+  const liveNeedsPoll = () =>
     document.visibilityState === "visible" && !(socket && socket.readyState === WebSocket.OPEN);
+
+  /**
+   * The htmx fallback poll: the summary asks for the live region on `console-poll`. Triggered
+   * from here rather than by an `hx-trigger` filter expression, which htmx evaluates as code:
+   * the Content-Security-Policy allows scripts from this site's files only.
+   */
+  function pollWhileNeeded() {
+    window.setInterval(() => {
+      const summary = document.getElementById("live-summary");
+      if (summary && window.htmx && liveNeedsPoll()) window.htmx.trigger(summary, "console-poll");
+    }, POLL_MS);
+  }
 
   function showLiveMode(mode) {
     const status = document.getElementById("live-status");
@@ -323,7 +337,10 @@
     // While the socket is down htmx polls; the chart data arrives with it, out of band.
     document.body.addEventListener("htmx:afterSettle", drawCharts);
     drawCharts();
-    if (document.getElementById("live-summary")) connectLive();
+    if (document.getElementById("live-summary")) {
+      connectLive();
+      pollWhileNeeded();
+    }
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);
