@@ -26,12 +26,15 @@ def _warn_forwarded_for_ignored() -> None:
 def client_address(request: HttpRequest) -> str:
     """The client's network address: the peer, or the address the trusted proxies in front of us
     saw."""
-    address = request.META.get("REMOTE_ADDR", "")
-    forwarded = request.headers.get("X-Forwarded-For")
-    if not forwarded:
-        return address
-    if proxy_trusted(address):
-        return forwarded_client(forwarded)
+    return peer_client_address(request.META.get("REMOTE_ADDR", ""), request.headers.get("X-Forwarded-For"))
+
+
+def peer_client_address(peer: str, forwarded_for: str | None) -> str:
+    """`client_address` for code that has the peer's address and the header but no request."""
+    if not forwarded_for:
+        return peer
+    if proxy_trusted(peer):
+        return forwarded_client(forwarded_for)
     FORWARDED_FOR_UNTRUSTED.inc()
     _warn_forwarded_for_ignored()
-    return address
+    return peer

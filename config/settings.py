@@ -404,6 +404,11 @@ SCHEDULER_PRIORITY = env_bool("SCHEDULER_PRIORITY", True)
 NORMAL_AGING_S = env_float("NORMAL_AGING_S", 20.0)
 # Batch jobs (submit-then-poll) never hold more than this many slots of a worker.
 BATCH_MAX_SLOTS = env_int("BATCH_MAX_SLOTS", 4)
+# Answer and hand-off streams one web process holds open for one client (an account, a guest)
+# and for one address (IPv6: its /64); one more is refused with 429. A customer's tabs each hold
+# an answer's stream and their conversation's events; nginx caps connections per address too.
+STREAMS_MAX_PER_CLIENT = env_int("STREAMS_MAX_PER_CLIENT", 16)
+STREAMS_MAX_PER_ADDRESS = env_int("STREAMS_MAX_PER_ADDRESS", 64)
 # A stream with no client attached for this long is cancelled.
 STREAM_DISCONNECT_GRACE_S = env_float("STREAM_DISCONNECT_GRACE_S", 30.0)
 JOB_LEASE_S = env_float("JOB_LEASE_S", 15.0)
