@@ -338,6 +338,10 @@ API_MAX_MESSAGES = env_int("API_MAX_MESSAGES", 128)
 API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 32000)
 # Choices one call may ask for (`n`): each is a generation of its own, admitted and queued.
 API_MAX_N = env_int("API_MAX_N", 8)
+# A structured output constraint (a JSON schema, a regex, a grammar, choices) is compiled on the
+# shared worker: at most this many characters (JSON nesting and counted repetitions are capped
+# too, api/openai_protocol.py).
+API_MAX_STRUCTURED_CHARS = env_int("API_MAX_STRUCTURED_CHARS", 16384)
 # Django refuses a body above this before any view sees it: never below the API's own cap.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, 2_621_440)
 BATCH_JOB_MAX_REQUESTS = env_int("BATCH_JOB_MAX_REQUESTS", 1000)
