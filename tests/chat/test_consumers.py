@@ -75,6 +75,7 @@ def _events(body: bytes) -> list[tuple[str, dict]]:
     return events
 
 
+@pytest.mark.security
 def test_the_owner_reads_the_answer_as_events_and_others_get_not_found():
     alice = User.objects.create_user("alice", password="pw")
     bob = User.objects.create_user("bob", password="pw")
@@ -104,6 +105,7 @@ def test_a_guest_reads_their_own_answer_by_their_cookie_only(guest):
     assert _get(answer, forged)["status"] == 404
 
 
+@pytest.mark.security
 def test_a_session_from_before_a_password_change_reads_nothing():
     alice = User.objects.create_user("alice", password="pw")
     answer = _answer(owner=alice)
