@@ -161,7 +161,8 @@ def main() -> None:
             print(
                 f"shared after {rate['share_after']} customer(s): hit rate {rate['hit_rate']:.1%} of "
                 f"{rate['askers']} askers ({rate['exact']} exact, {rate['semantic']} semantic, "
-                f"{rate['miss']} misses)"
+                f"{rate['miss']} misses); a hit's lookup p50 {rate['hit_lookup_ms']['p50']:.2f} ms, "
+                f"p99 {rate['hit_lookup_ms']['p99']:.2f} ms"
             )
         _report_write(report, args.out / "cache.json")
         return

@@ -109,6 +109,7 @@ def _hit_rate(*, variant: str, context: str, askers: int, share_after: int) -> d
     vectors = dict(zip(wordings, embed_queries(wordings), strict=True))
     version = knowledge_base_version()
     results = {"exact": 0, "semantic": 0, "miss": 0}
+    hit_ms: list[float] = []  # a hit's lookup, with counting its customer until it is shared
     with override_settings(ANSWER_CACHE_SHARE_AFTER=share_after):
         for n in range(askers):
             first, second = PARAPHRASES[rng.choice(len(PARAPHRASES), p=popularity)]
@@ -116,10 +117,12 @@ def _hit_rate(*, variant: str, context: str, askers: int, share_after: int) -> d
             wording = first if draw < 0.6 else second if draw < 0.9 else first.lower().rstrip("?")
             customer = cache.customer_key(client_id=f"user:{n}")
             vector = vectors.get(wording, vectors[first])
+            started = time.perf_counter()
             found = cache.answer_lookup(
                 variant=variant, context=context, question=wording, vector=vector, customer=customer
             )
             if found.answer is not None:
+                hit_ms.append((time.perf_counter() - started) * 1000)
                 results[str(found.answer.cache)] += 1
                 continue
             results["miss"] += 1
@@ -145,7 +148,13 @@ def _hit_rate(*, variant: str, context: str, askers: int, share_after: int) -> d
                 customer=customer,
             )
     hits = results["exact"] + results["semantic"]
-    return {"share_after": share_after, "askers": askers, **results, "hit_rate": round(hits / askers, 3)}
+    return {
+        "share_after": share_after,
+        "askers": askers,
+        **results,
+        "hit_rate": round(hits / askers, 3),
+        "hit_lookup_ms": _ms(hit_ms),
+    }
 
 
 def answer_cache(*, entries: int, queries: int, askers: int) -> dict:
