@@ -8,6 +8,6 @@ from accounts import views
 urlpatterns = [
     # A signed-in visitor sent here with a `next` (staff following a link to the console) goes
     # straight on; Django checks that `next` stays on this site either way.
-    path("login/", views.LoginView.as_view(redirect_authenticated_user=True), name="login"),
+    path("login/", views.login, name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
 ]

@@ -1,4 +1,6 @@
-"""Who may use the console, for its views and its live socket alike: active staff accounts."""
+"""Who may use the console, for its views and its live socket alike: active staff accounts
+read it; each kind of action (workers, limits, variants, API keys, the help center) needs its
+own permission as well (AuditLog's Meta: `admin_console.manage_*`)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ from django.contrib.auth.models import AnonymousUser
 from django.contrib.auth.views import redirect_to_login
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+
+from admin_console.models import CONSOLE_POWERS
 
 View = Callable[..., HttpResponse]
 
@@ -34,6 +38,26 @@ def staff_required(view: View) -> View:
         return render(request, "admin_console/forbidden.html", status=403)
 
     return checked
+
+
+def console_power(codename: str) -> Callable[[View], View]:
+    """Staff with the permission `admin_console.<codename>` pass; other staff are refused with
+    403 (a page saying which permission is missing), and those who are not staff as by
+    `staff_required`."""
+    assert codename in CONSOLE_POWERS, codename
+
+    def decorate(view: View) -> View:
+        @wraps(view)
+        def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            if not is_console_user(request.user):
+                return staff_required(view)(request, *args, **kwargs)
+            if request.user.has_perm(f"admin_console.{codename}"):
+                return view(request, *args, **kwargs)
+            return render(request, "admin_console/forbidden.html", {"missing_power": codename}, status=403)
+
+        return checked
+
+    return decorate
 
 
 def is_agent(user: AbstractBaseUser | AnonymousUser) -> bool:

@@ -18,7 +18,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
 from admin_console import selectors, services
-from admin_console.access import agent_required, staff_required
+from admin_console.access import agent_required, console_power, staff_required
 from admin_console.forms import AgentProfileForm, ExperimentStartForm, HandoffTargetForm
 from chat import handoff
 from chat.handoff_selectors import conversation_transcript, inbox_snapshot
@@ -217,7 +217,7 @@ def experiments(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_variants")
 def experiment_start(request: HttpRequest) -> HttpResponse:
     form = ExperimentStartForm(
         request.POST, variants=list(selectors.variants().values_list("name", flat=True))
@@ -234,7 +234,7 @@ def experiment_start(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_variants")
 def experiment_end(request: HttpRequest) -> HttpResponse:
     keep = request.POST.get("keep", "")
     try:

@@ -55,6 +55,15 @@ class AuditLog(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        # The console's powers, one per kind of action (admin_console.access.console_power);
+        # reading the console needs staff alone. The group "Console administrators" has them all.
+        permissions = [
+            ("manage_workers", "Can drain workers and set the warm pool"),
+            ("manage_limits", "Can change the tiers' rate limits"),
+            ("manage_variants", "Can change variants, the canary and experiments"),
+            ("manage_api_keys", "Can issue, limit and revoke API keys"),
+            ("manage_help_center", "Can edit help articles and pinned answers"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.actor_name}: {self.action} {self.target}"
@@ -92,6 +101,11 @@ def validate_canary_steps(steps: Any) -> None:
         previous = percent
     if previous != 100:
         raise ValidationError("The last step must send 100% of new conversations to the candidate.")
+
+
+# The console's powers (AuditLog's permissions), and the group that has them all.
+CONSOLE_POWERS = tuple(codename for codename, _ in AuditLog._meta.permissions)
+CONSOLE_ADMINISTRATORS = "Console administrators"
 
 
 class CanaryRollout(models.Model):

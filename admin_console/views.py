@@ -14,7 +14,7 @@ from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
 from admin_console import selectors, services, tasks
-from admin_console.access import staff_required
+from admin_console.access import console_power, staff_required
 from admin_console.forms import (
     AnswerPinForm,
     ApiKeyCreateForm,
@@ -66,7 +66,7 @@ def dashboard_live(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_workers")
 def worker_drain(request: HttpRequest, worker_id: str) -> HttpResponse:
     try:
         services.worker_drain(actor=request.user, worker_id=worker_id)
@@ -78,7 +78,7 @@ def worker_drain(request: HttpRequest, worker_id: str) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_workers")
 def warm_spares(request: HttpRequest) -> HttpResponse:
     form = WarmSparesForm(request.POST)
     if form.is_valid():
@@ -127,7 +127,7 @@ def variants(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_variants")
 def variant_create(request: HttpRequest) -> HttpResponse:
     form = VariantForm(request.POST, prefix="new")
     if not form.is_valid():
@@ -143,7 +143,7 @@ def variant_create(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_variants")
 def variant_update(request: HttpRequest, name: str) -> HttpResponse:
     variant = get_object_or_404(Variant, name=name)
     form = VariantForm(request.POST, instance=variant, prefix=name)
@@ -181,7 +181,7 @@ def cache(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_help_center")
 def answer_pin(request: HttpRequest) -> HttpResponse:
     form = AnswerPinForm(request.POST, variants=_variant_names())
     if not form.is_valid():
@@ -196,7 +196,7 @@ def answer_pin(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_help_center")
 def answer_unpin(request: HttpRequest, entry_id: int) -> HttpResponse:
     try:
         services.cached_answer_unpin(actor=request.user, entry_id=entry_id)
@@ -225,7 +225,7 @@ def limits(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_limits")
 def limit_update(request: HttpRequest, tier: str) -> HttpResponse:
     try:
         policy = TierPolicy.objects.get(tier=tier)
@@ -276,7 +276,7 @@ def canary(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_variants")
 def canary_start(request: HttpRequest) -> HttpResponse:
     form = CanaryStartForm(request.POST, candidates=selectors.canary_candidates())
     if form.is_valid():
@@ -296,7 +296,7 @@ def canary_start(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_variants")
 def canary_split(request: HttpRequest) -> HttpResponse:
     form = CanarySplitForm(request.POST)
     if form.is_valid():
@@ -311,7 +311,7 @@ def canary_split(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_variants")
 def canary_promote(request: HttpRequest) -> HttpResponse:
     try:
         rollout = services.canary_promote(actor=request.user)
@@ -323,7 +323,7 @@ def canary_promote(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_variants")
 def canary_rollback(request: HttpRequest) -> HttpResponse:
     try:
         rollout = services.canary_rollback(actor=request.user)
@@ -342,7 +342,7 @@ def canary_quality(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_variants")
 def canary_quality_start(request: HttpRequest) -> HttpResponse:
     form = QualityRunForm(request.POST, variants=list(selectors.canary_overview().quality))
     if not form.is_valid():
@@ -419,7 +419,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_api_keys")
 def api_key_create(request: HttpRequest) -> HttpResponse:
     form = ApiKeyCreateForm(request.POST)
     if not form.is_valid():
@@ -438,7 +438,7 @@ def api_key_create(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_api_keys")
 def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
     api_key = get_object_or_404(ApiKey, pk=key_id)
     if services.api_key_revoke(actor=request.user, api_key=api_key):
@@ -449,7 +449,7 @@ def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_api_keys")
 def api_key_limits(request: HttpRequest, key_id: int) -> HttpResponse:
     api_key = get_object_or_404(ApiKey, pk=key_id)
     form = ApiKeyLimitsForm(request.POST, instance=api_key, prefix=f"key-{api_key.pk}")
@@ -504,7 +504,7 @@ def _article_saved(request: HttpRequest, form: ArticleForm, article: Article | N
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required
+@console_power("manage_help_center")
 def article_create(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
         return _article_form_page(request, ArticleForm(), None)
@@ -515,7 +515,7 @@ def article_create(request: HttpRequest) -> HttpResponse:
 
 
 @require_http_methods(["GET", "POST"])
-@staff_required
+@console_power("manage_help_center")
 def article_edit(request: HttpRequest, article_id: int) -> HttpResponse:
     article = get_object_or_404(Article, pk=article_id)
     if request.method == "GET":
@@ -528,7 +528,7 @@ def article_edit(request: HttpRequest, article_id: int) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_help_center")
 def article_retire(request: HttpRequest, article_id: int) -> HttpResponse:
     article = get_object_or_404(Article, pk=article_id)
     services.article_status_set(actor=request.user, article=article, status=Article.Status.RETIRED)
@@ -537,7 +537,7 @@ def article_retire(request: HttpRequest, article_id: int) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_help_center")
 def article_restore(request: HttpRequest, article_id: int) -> HttpResponse:
     article = get_object_or_404(Article, pk=article_id)
     services.article_status_set(actor=request.user, article=article, status=Article.Status.ACTIVE)

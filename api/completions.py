@@ -114,7 +114,13 @@ def _cache_lookup(
     if answer_cache.question_personal(question, names=answer_cache.account_names(api_key.owner)):
         return None
     context = answer_cache.api_context(variant, sampling)
-    lookup = answer_cache.answer_lookup(variant=variant.name, context=context, question=question, vector=None)
+    lookup = answer_cache.answer_lookup(
+        variant=variant.name,
+        context=context,
+        question=question,
+        vector=None,
+        customer=answer_cache.customer_key(client_id=api_key.client_id),
+    )
     return lookup, context
 
 
@@ -205,6 +211,7 @@ def completion_submit(*, api_key: ApiKey, request: AnyCompletionRequest) -> Subm
             help_center=False,  # the caller's messages are the whole prompt
             source_slugs=[],
             request_id=request_ids[0],
+            customer=answer_cache.customer_key(client_id=api_key.client_id),
         )
     return SubmittedCompletion(
         request=request,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Annotated, Any, ClassVar, Literal, Self
 
 from django.conf import settings
@@ -235,6 +236,18 @@ class NamedToolChoice(BaseModel):
     type: Literal["function"] = "function"
 
 
+# Caps on a structured output constraint (SamplingRequest._constraint_caps).
+MAX_SCHEMA_DEPTH = 32
+MAX_REPETITION = 1000
+_COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
+
+
+def _depth(value: Any) -> int:
+    """How deeply lists and objects nest in a JSON value (a scalar: 0)."""
+    children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
+    return 1 + max((_depth(child) for child in children), default=0) if isinstance(value, dict | list) else 0
+
+
 def _check_schema(schema: dict[str, Any], param: str) -> None:
     try:
         validator_for(schema).check_schema(schema)
@@ -373,7 +386,35 @@ class SamplingRequest(BaseModel):
             raise RequestInvalid("Stream options can only be defined when `stream=True`.", "stream_options")
         self._logprobs_checks()
         self._structure_checks()
+        self._constraint_caps()
         return self
+
+    def _constraint_caps(self) -> None:
+        """A constraint is compiled on the shared worker before the answer starts: its size, a
+        JSON schema's nesting and a pattern's counted repetitions (each expands into states) are
+        capped, so that none takes the engine long to compile."""
+        structured = self.structured_output()
+        if structured is None:
+            return
+        size = len(json.dumps(structured.to_dict()))
+        if size > settings.API_MAX_STRUCTURED_CHARS:
+            raise RequestInvalid(
+                f"The structured output constraint holds {size} characters; at most "
+                f"{settings.API_MAX_STRUCTURED_CHARS} are accepted.",
+                "structured_outputs",
+            )
+        if structured.json_schema is not None and _depth(structured.json_schema) > MAX_SCHEMA_DEPTH:
+            raise RequestInvalid(
+                f"The JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels.", "structured_outputs"
+            )
+        for pattern in (structured.regex, structured.grammar):
+            counts = [int(n) for bound in _COUNTED.findall(pattern or "") for n in bound if n]
+            if counts and max(counts) > MAX_REPETITION:
+                raise RequestInvalid(
+                    f"A repetition count in the constraint is {max(counts)}; at most {MAX_REPETITION} "
+                    "is accepted.",
+                    "structured_outputs",
+                )
 
     def _logprobs_checks(self) -> None:
         top = self.logprobs_requested

@@ -113,6 +113,7 @@ def main() -> None:
     parser.add_argument("--sentences", type=int, default=10_000, help="retrieval: sentences in the index")
     parser.add_argument("--queries", type=int, default=500, help="retrieval, cache: questions timed")
     parser.add_argument("--entries", type=int, default=10_000, help="cache: cached questions")
+    parser.add_argument("--askers", type=int, default=1000, help="cache: customers in the hit-rate stream")
     parser.add_argument("--spares", type=int, default=3, help="autoscale: the warm pool's size")
     parser.add_argument(
         "--start-s", type=float, default=30.0, help="autoscale: the simulated engine's start time"
@@ -142,7 +143,7 @@ def main() -> None:
         from bench.answer_cache import answer_cache
 
         print("== cache ==", flush=True)
-        report = answer_cache(entries=args.entries, queries=args.queries)
+        report = answer_cache(entries=args.entries, queries=args.queries, askers=args.askers)
         chat, api = report["miss_lookup_ms"], report["miss_lookup_exact_ms"]
         print(
             f"{report['entries']} cached questions, {report['queries']} misses: "
@@ -156,6 +157,13 @@ def main() -> None:
             paraphrases = f"{row['paraphrases_hit']}/{similarity['paraphrases']}"
             near_misses = f"{row['near_misses_hit']}/{similarity['near_misses']}"
             print(f"threshold {threshold}: {paraphrases} paraphrases hit, {near_misses} near-misses hit")
+        for rate in report["hit_rates"]:
+            print(
+                f"shared after {rate['share_after']} customer(s): hit rate {rate['hit_rate']:.1%} of "
+                f"{rate['askers']} askers ({rate['exact']} exact, {rate['semantic']} semantic, "
+                f"{rate['miss']} misses); a hit's lookup p50 {rate['hit_lookup_ms']['p50']:.2f} ms, "
+                f"p99 {rate['hit_lookup_ms']['p99']:.2f} ms"
+            )
         _report_write(report, args.out / "cache.json")
         return
     if args.scenario == "experiment":

@@ -9,6 +9,12 @@ already computed: the once-a-second check for new entries, the exact match, the 
 match. The API's lookup (greedy or seeded calls only) matches the text alone, with no vector
 and no embedding; that is timed apart. After a miss is
 admitted, the question is remembered (one transaction on the database), timed apart too.
+
+The hit rate: `--askers` distinct customers each ask one first question, drawn from the
+paraphrase pairs below (a few questions asked often, most seldom; the first wording more often
+than the second, and sometimes retyped in lower case without its question mark, the same text
+to the cache); every miss is answered and remembered. Counted once with the rule before
+ANSWER_CACHE_SHARE_AFTER (an answer answers paraphrases at once: 1) and once with the setting.
 """
 
 from __future__ import annotations
@@ -87,7 +93,71 @@ def _threshold_table() -> dict:
     }
 
 
-def answer_cache(*, entries: int, queries: int) -> dict:
+def _hit_rate(*, variant: str, context: str, askers: int, share_after: int) -> dict:
+    """Hits, exact and semantic, over a stream of `askers` distinct customers' first questions."""
+    from django.test import override_settings
+
+    from knowledge import cache
+    from knowledge.embedding import embed_queries
+    from knowledge.index import knowledge_base_version
+    from scheduler.models import Generation
+
+    rng = np.random.default_rng(11)
+    popularity = 1 / np.arange(1, len(PARAPHRASES) + 1)  # Zipf: the first questions most asked
+    popularity /= popularity.sum()
+    wordings = [wording for pair in PARAPHRASES for wording in pair]
+    vectors = dict(zip(wordings, embed_queries(wordings), strict=True))
+    version = knowledge_base_version()
+    results = {"exact": 0, "semantic": 0, "miss": 0}
+    hit_ms: list[float] = []  # a hit's lookup, with counting its customer until it is shared
+    with override_settings(ANSWER_CACHE_SHARE_AFTER=share_after):
+        for n in range(askers):
+            first, second = PARAPHRASES[rng.choice(len(PARAPHRASES), p=popularity)]
+            draw = rng.random()
+            wording = first if draw < 0.6 else second if draw < 0.9 else first.lower().rstrip("?")
+            customer = cache.customer_key(client_id=f"user:{n}")
+            vector = vectors.get(wording, vectors[first])
+            started = time.perf_counter()
+            found = cache.answer_lookup(
+                variant=variant, context=context, question=wording, vector=vector, customer=customer
+            )
+            if found.answer is not None:
+                hit_ms.append((time.perf_counter() - started) * 1000)
+                results[str(found.answer.cache)] += 1
+                continue
+            results["miss"] += 1
+            request_id = str(uuid.uuid4())
+            Generation.objects.create(
+                request_id=request_id,
+                origin="chat",
+                variant=variant,
+                tier="normal",
+                status=Generation.Status.DONE,
+                finish_reason="stop",
+                text=f"An answer to: {wording}",
+            )
+            cache.answer_remember(
+                variant=variant,
+                context=context,
+                question=wording,
+                vector=vector,
+                kb_version=version,
+                help_center=False,
+                source_slugs=[],
+                request_id=request_id,
+                customer=customer,
+            )
+    hits = results["exact"] + results["semantic"]
+    return {
+        "share_after": share_after,
+        "askers": askers,
+        **results,
+        "hit_rate": round(hits / askers, 3),
+        "hit_lookup_ms": _ms(hit_ms),
+    }
+
+
+def answer_cache(*, entries: int, queries: int, askers: int) -> dict:
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as workdir:
         os.environ["DATABASE_URL"] = f"sqlite:///{Path(workdir) / 'bench.sqlite3'}"
         import django
@@ -96,8 +166,11 @@ def answer_cache(*, entries: int, queries: int) -> dict:
         from django.core.management import call_command
 
         call_command("migrate", "--no-input", verbosity=0)
+        from django.conf import settings
+
         from knowledge import cache
-        from knowledge.embedding import EMBEDDING_DIM, embed
+        from knowledge.embedding import EMBEDDING_DIM
+        from knowledge.embedding import embed_queries as embed
         from knowledge.index import knowledge_base_version
         from knowledge.models import CachedAnswer
         from scheduler.models import Variant
@@ -121,8 +194,13 @@ def answer_cache(*, entries: int, queries: int) -> dict:
                 for i, vector in enumerate(vectors)
             )
         vectors = dict(zip(QUESTIONS, embed(QUESTIONS), strict=True))
+        customer = cache.customer_key(client_id="user:1")
         cache.answer_lookup(
-            variant=variant.name, context=context, question="warm-up", vector=vectors[QUESTIONS[0]]
+            variant=variant.name,
+            context=context,
+            question="warm-up",
+            vector=vectors[QUESTIONS[0]],
+            customer=customer,
         )
         chat_ms: list[float] = []
         api_ms: list[float] = []
@@ -132,12 +210,18 @@ def answer_cache(*, entries: int, queries: int) -> dict:
             question = QUESTIONS[n % len(QUESTIONS)]
             started = time.perf_counter()
             found = cache.answer_lookup(
-                variant=variant.name, context=context, question=question, vector=vectors[question]
+                variant=variant.name,
+                context=context,
+                question=question,
+                vector=vectors[question],
+                customer=customer,
             )
             chat_ms.append((time.perf_counter() - started) * 1000)
             hits += found.answer is not None
             started = time.perf_counter()
-            cache.answer_lookup(variant=variant.name, context=context, question=question, vector=None)
+            cache.answer_lookup(
+                variant=variant.name, context=context, question=question, vector=None, customer=customer
+            )
             api_ms.append((time.perf_counter() - started) * 1000)
             started = time.perf_counter()
             cache.answer_remember(
@@ -149,11 +233,23 @@ def answer_cache(*, entries: int, queries: int) -> dict:
                 help_center=variant.knowledge,
                 source_slugs=[],
                 request_id=str(uuid.uuid4()),
+                customer=customer,
             )
             remember_ms.append((time.perf_counter() - started) * 1000)
         cache._index.forget()
+        hit_rates = [
+            _hit_rate(
+                variant=variant.name,
+                context=f"hit-rate-{share_after}",
+                askers=askers,
+                share_after=share_after,
+            )
+            for share_after in sorted({1, settings.ANSWER_CACHE_SHARE_AFTER})
+        ]
+        cache._index.forget()
         return {
             "entries": entries,
+            "hit_rates": hit_rates,
             "queries": queries,
             "hits": hits,
             "miss_lookup_ms": _ms(chat_ms),

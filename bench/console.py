@@ -39,11 +39,11 @@ async def _socket_tab(
     async with websockets.connect(url, additional_headers=headers, max_size=None) as socket:
         while time.time() < stop_at:
             try:
-                html = await asyncio.wait_for(socket.recv(), timeout=max(0.1, stop_at - time.time()))
+                snapshot = await asyncio.wait_for(socket.recv(), timeout=max(0.1, stop_at - time.time()))
             except TimeoutError:
                 break
             for marker in markers:
-                if marker not in seen and marker in html:
+                if marker not in seen and marker in snapshot:
                     seen[marker] = time.time()
 
 

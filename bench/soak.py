@@ -60,6 +60,9 @@ SOAK_ENV = {
     **{f"RATE_LIMIT_{t}_CAPACITY": "100000" for t in ("VIP", "NORMAL")},
     **{f"RATE_LIMIT_{t}_REFILL_PER_S": "10000" for t in ("VIP", "NORMAL")},
     **{f"MAX_CONCURRENT_{t}": "100000" for t in ("VIP", "NORMAL")},
+    # ... and their streams, all from one address.
+    "STREAMS_MAX_PER_CLIENT": "100000",
+    "STREAMS_MAX_PER_ADDRESS": "100000",
     # A killed worker's jobs are reclaimed after the lease: short, so the soak sees many cycles.
     "JOB_LEASE_S": "5",
     "WORKER_HEARTBEAT_S": "0.5",

@@ -33,6 +33,9 @@ UNLIMITED = {
     **{f"MAX_WAIT_{t}_S": "1000000" for t in ("VIP", "NORMAL")},
     "GLOBAL_RATE_LIMIT_CAPACITY": "1000000",
     "GLOBAL_RATE_LIMIT_REFILL_PER_S": "100000",
+    # Thousands of streams from one address (and from a few clients).
+    "STREAMS_MAX_PER_CLIENT": "1000000",
+    "STREAMS_MAX_PER_ADDRESS": "1000000",
     "LOG_LEVEL": "WARNING",
     # The benchmarks measure the path through the engine: no question is answered from the
     # result cache (bench/answer_cache.py measures that).

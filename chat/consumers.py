@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import aclosing
 from importlib import import_module
@@ -33,11 +34,13 @@ from django.contrib import auth
 from django.db import OperationalError
 from django.http.cookie import parse_cookie
 
+from accounts.addresses import peer_client_address
 from accounts.models import User
 from chat import guests, selectors
 from chat.models import Conversation, Message
 from chat.relay import relay_conversation, relay_events
 from chat.sse import SSE_HEADERS
+from scheduler.rate_limits import address_scope
 from scheduler.results import parse_event_id
 
 if TYPE_CHECKING:
@@ -80,10 +83,50 @@ def _client(cookies: dict[str, str]) -> tuple[User | None, str]:
     return None, guests.guest_key_in(cookies)
 
 
-def _owned_answer(request_id: UUID, cookies: dict[str, str]) -> Message:
-    """Raises Message.DoesNotExist for unknown requests and for other clients'."""
+def _client_id(user: User | None, guest_key: str) -> str:
+    return guests.account_client_id(user.pk) if user is not None else guests.guest_client_id(guest_key)
+
+
+def _owned_answer(request_id: UUID, cookies: dict[str, str]) -> tuple[Message, str]:
+    """The answer and its client's id. Raises Message.DoesNotExist for unknown requests and for
+    other clients'."""
     user, guest_key = _client(cookies)
-    return selectors.assistant_message_get(request_id=request_id, user=user, session_key=guest_key)
+    message = selectors.assistant_message_get(request_id=request_id, user=user, session_key=guest_key)
+    return message, _client_id(user, guest_key)
+
+
+class _OpenStreams:
+    """The streams this web process holds open, per client and per address: a client opening
+    ever more (each open is a database read and a watcher of the results) is refused past
+    STREAMS_MAX_PER_CLIENT, and an address past STREAMS_MAX_PER_ADDRESS, while everyone else's
+    keep flowing."""
+
+    def __init__(self) -> None:
+        self._open: Counter[str] = Counter()
+
+    def take(self, *, client_id: str, address: str) -> tuple[str, str] | None:
+        """The counters taken for one more stream (give them back with `give_back`), or None:
+        refused."""
+        held = (f"client:{client_id}", f"address:{address_scope(address)}")
+        caps = (settings.STREAMS_MAX_PER_CLIENT, settings.STREAMS_MAX_PER_ADDRESS)
+        if any(self._open[key] >= cap for key, cap in zip(held, caps, strict=True)):
+            return None
+        self._open.update(held)
+        return held
+
+    def give_back(self, held: tuple[str, str]) -> None:
+        self._open.subtract(held)
+        for key in held:
+            if self._open[key] <= 0:
+                del self._open[key]
+
+
+_open_streams = _OpenStreams()
+
+
+def _address(scope: HTTPScope, headers: dict[str, str]) -> str:
+    peer = scope["client"][0] if scope.get("client") else ""
+    return peer_client_address(peer, headers.get("x-forwarded-for"))
 
 
 _Headers = tuple[tuple[bytes, bytes], ...]
@@ -108,7 +151,9 @@ async def answer_stream(scope: HTTPScope, receive: ASGIReceiveCallable, send: AS
     try:
         # One hop to a shared thread for the session, account and ownership reads together;
         # it hands its database connection back, so an open stream holds none.
-        message = await database_sync_to_async(_owned_answer, thread_sensitive=False)(request_id, cookies)
+        message, client_id = await database_sync_to_async(_owned_answer, thread_sensitive=False)(
+            request_id, cookies
+        )
     except Message.DoesNotExist:
         await _respond(send, 404, "not_found", "This request does not exist.")
         return
@@ -122,18 +167,19 @@ async def answer_stream(scope: HTTPScope, receive: ASGIReceiveCallable, send: AS
         request_id=str(request_id),
         after_id=parse_event_id(headers.get("last-event-id")),
     )
-    await _stream(events, receive, send, f"the stream of {request_id}")
+    await _stream(events, receive, send, f"the stream of {request_id}", client_id, _address(scope, headers))
 
 
-def _owned_conversation(conversation_id: UUID, cookies: dict[str, str]) -> Conversation:
-    """Raises Conversation.DoesNotExist for conversations not stored and for other clients'."""
+def _owned_conversation(conversation_id: UUID, cookies: dict[str, str]) -> tuple[Conversation, str]:
+    """The conversation and its client's id. Raises Conversation.DoesNotExist for conversations
+    not stored and for other clients'."""
     user, guest_key = _client(cookies)
     conversation = selectors.conversation_find(
         conversation_id=conversation_id, user=user, session_key=guest_key
     )
     if conversation is None:
         raise Conversation.DoesNotExist(f"No conversation {conversation_id}.")
-    return conversation
+    return conversation, _client_id(user, guest_key)
 
 
 async def conversation_events(scope: HTTPScope, receive: ASGIReceiveCallable, send: ASGISendCallable) -> None:
@@ -148,7 +194,7 @@ async def conversation_events(scope: HTTPScope, receive: ASGIReceiveCallable, se
     headers = {name.decode("latin-1"): value.decode("latin-1") for name, value in scope["headers"]}
     cookies = parse_cookie(headers.get("cookie", ""))
     try:
-        conversation = await database_sync_to_async(_owned_conversation, thread_sensitive=False)(
+        conversation, client_id = await database_sync_to_async(_owned_conversation, thread_sensitive=False)(
             conversation_id, cookies
         )
     except Conversation.DoesNotExist:
@@ -166,14 +212,35 @@ async def conversation_events(scope: HTTPScope, receive: ASGIReceiveCallable, se
         after_id=parse_event_id(resume),
         waiting=conversation.handoff_state == Conversation.HandoffState.WAITING,
     )
-    await _stream(events, receive, send, f"the events of {conversation_id}")
+    await _stream(
+        events, receive, send, f"the events of {conversation_id}", client_id, _address(scope, headers)
+    )
 
 
 async def _stream(
-    events: AsyncIterator[bytes], receive: ASGIReceiveCallable, send: ASGISendCallable, what: str
+    events: AsyncIterator[bytes],
+    receive: ASGIReceiveCallable,
+    send: ASGISendCallable,
+    what: str,
+    client_id: str,
+    address: str,
 ) -> None:
     """Send the SSE response: its headers, then the relay's frames until it ends or the client
-    leaves."""
+    leaves; or 429 when the client or its address holds too many streams open already."""
+    held = _open_streams.take(client_id=client_id, address=address)
+    if held is None:
+        too_many = "Too many answers are open at once. Please close some tabs and try again."
+        await _respond(send, 429, "too_many_streams", too_many, ((b"retry-after", b"5"),))
+        return
+    try:
+        await _relay_until_gone(events, receive, send, what)
+    finally:
+        _open_streams.give_back(held)
+
+
+async def _relay_until_gone(
+    events: AsyncIterator[bytes], receive: ASGIReceiveCallable, send: ASGISendCallable, what: str
+) -> None:
     await send({"type": "http.response.start", "status": 200, "headers": _HEADERS})
     relaying = asyncio.ensure_future(_relay(events, send))
     leaving = asyncio.ensure_future(_disconnected(receive))

@@ -13,8 +13,11 @@ from collections.abc import Callable
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.signals import user_logged_in, user_logged_out
+from django.dispatch import receiver
 from django.http import HttpRequest, HttpResponse
 from django.utils.crypto import salted_hmac
+from django.utils.deprecation import MiddlewareMixin
 
 COOKIE = "guest"
 _SALT = "chat.guest"
@@ -78,3 +81,24 @@ def remembering(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse
         return guest_remember(request, view(request, *args, **kwargs))
 
     return wrapper
+
+
+# --- the guest's cookie ends when someone signs in or out ----------------------------------------
+# On a shared computer the next person would otherwise be the same guest, and see the previous
+# one's conversations, after the first signed in, or after they signed out.
+
+
+@receiver(user_logged_in, dispatch_uid="chat.guests.signed_in")
+@receiver(user_logged_out, dispatch_uid="chat.guests.signed_out")
+def _guest_end_on_sign_in_or_out(sender: type, request: HttpRequest | None, **kwargs: Any) -> None:
+    if request is not None:
+        request._guest_ends = True  # type: ignore[attr-defined]
+
+
+class GuestEndMiddleware(MiddlewareMixin):
+    """Deletes the guest's cookie in the response to a sign-in or a sign-out."""
+
+    def process_response(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        if getattr(request, "_guest_ends", False) and COOKIE in request.COOKIES:
+            response.delete_cookie(COOKIE, samesite="Lax")
+        return response

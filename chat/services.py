@@ -27,7 +27,7 @@ from scheduler.admission import Admission, request_admit, request_admit_known
 from scheduler.generation import GenerationJob, Origin, Tier
 from scheduler.models import CacheResult, Generation, Variant
 from scheduler.routing import variant_for_conversation
-from scheduler.services import generation_insert
+from scheduler.services import generation_insert, generations_text_forget
 
 
 class MessageRejected(ValueError):
@@ -107,13 +107,16 @@ class _CacheLookup:
     context: str
     vector: np.ndarray
     lookup: answer_cache.Lookup
+    customer: str  # answer_cache.customer_key
 
 
 def _first_turn(conversation: Conversation) -> bool:
     return conversation._state.adding or not conversation.messages.exists()
 
 
-def _cache_lookup(conversation: Conversation, text: str, variant: Variant) -> _CacheLookup | None:
+def _cache_lookup(
+    conversation: Conversation, text: str, variant: Variant, *, customer: str
+) -> _CacheLookup | None:
     """The result cache's lookup for a conversation's first message, or None when the cache may
     not answer it: off, an extractive variant (its answers cost no model), personal data in it,
     or no embedding model."""
@@ -126,8 +129,10 @@ def _cache_lookup(conversation: Conversation, text: str, variant: Variant) -> _C
     except knowledge_selectors.EmbedderUnavailable:
         return None  # the answer is the decline (knowledge.answers)
     context = answer_cache.chat_context(variant)
-    lookup = answer_cache.answer_lookup(variant=variant.name, context=context, question=text, vector=vector)
-    return _CacheLookup(context, vector, lookup)
+    lookup = answer_cache.answer_lookup(
+        variant=variant.name, context=context, question=text, vector=vector, customer=customer
+    )
+    return _CacheLookup(context, vector, lookup, customer)
 
 
 def _question_vector(text: str) -> np.ndarray | None:
@@ -185,7 +190,8 @@ def message_post(
     is_new = conversation._state.adding
     first = _first_turn(conversation)
     # The result cache and retrieval are CPU work: done before the transaction, they hold no lock.
-    cached = _cache_lookup(conversation, text, variant) if first else None
+    customer = answer_cache.customer_key(client_id=client_id, address=client_address)
+    cached = _cache_lookup(conversation, text, variant, customer=customer) if first else None
     known = cached.lookup.answer if cached is not None else None
     plan = None
     if known is None:
@@ -261,6 +267,7 @@ def message_post(
             help_center=variant.knowledge,
             source_slugs=[source["slug"] for source in sources],
             request_id=job.request_id,
+            customer=cached.customer,
         )
     return PostedMessage(user_message, assistant_message, admission)
 
@@ -321,8 +328,16 @@ def _cached_answer_forget(message: Message) -> None:
 
 
 def guest_conversations_purge(*, older_than_days: int) -> int:
+    """Delete guests' conversations idle for `older_than_days`, and the answers' texts with them:
+    the generation records keep their timings and outcome for the console's figures, not what
+    was said (answers often repeat what the guest told). A cached answer written for one of them
+    is then never served again."""
     cutoff = timezone.now() - timedelta(days=older_than_days)
-    deleted, _ = Conversation.objects.filter(owner__isnull=True, updated_at__lt=cutoff).delete()
+    expired = Conversation.objects.filter(owner__isnull=True, updated_at__lt=cutoff)
+    with transaction.atomic():
+        answered = Message.objects.filter(conversation__in=expired, generation_id__isnull=False)
+        generations_text_forget(request_ids=answered.values("generation_id"))
+        deleted, _ = expired.delete()
     return deleted
 
 

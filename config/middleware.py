@@ -1,5 +1,5 @@
 """Overload at the door: a bound on the sync views a web process runs at once, and the answer
-when the database cannot take a request in time."""
+when the database cannot take a request in time; and the Content-Security-Policy header."""
 
 from __future__ import annotations
 
@@ -191,3 +191,12 @@ class DatabaseBusyMiddleware(MiddlewareMixin):
             return None
         logger.warning("database busy, refused %s %s: %s", request.method, request.path, exception)
         return _busy_response("database_busy")
+
+
+class ContentSecurityPolicyMiddleware(MiddlewareMixin):
+    """CONTENT_SECURITY_POLICY on every response that has none of its own."""
+
+    def process_response(self, request: HttpRequest, response: HttpResponseBase) -> HttpResponseBase:
+        if settings.CONTENT_SECURITY_POLICY and "Content-Security-Policy" not in response:
+            response["Content-Security-Policy"] = settings.CONTENT_SECURITY_POLICY
+        return response

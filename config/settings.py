@@ -53,6 +53,15 @@ SECURE_PROXY_SSL_HEADER = (
     ("HTTP_" + _proxy_ssl_header.upper().replace("-", "_"), "https") if _proxy_ssl_header else None
 )
 
+# Sent with every response (config.middleware.ContentSecurityPolicyMiddleware): scripts only from
+# this site's files (no inline script, no event handler attribute, no eval), so markup that got
+# into a page could not run. Styles may be inline (a bar's width, an icon's rotation).
+CONTENT_SECURITY_POLICY = env_str(
+    "CONTENT_SECURITY_POLICY",
+    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; base-uri 'self'; form-action 'self'; frame-ancestors 'none'",
+)
+
 INSTALLED_APPS = [
     # inference comes before channels so its `runworker` extends Channels' command.
     "inference",
@@ -75,10 +84,12 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "config.middleware.ContentSecurityPolicyMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "chat.guests.GuestEndMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -290,6 +301,11 @@ GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
 # (docs/BENCHMARKS.md, "Result cache").
 ANSWER_CACHE_ENABLED = env_bool("ANSWER_CACHE_ENABLED", True)
 ANSWER_CACHE_MIN_SIMILARITY = env_float("ANSWER_CACHE_MIN_SIMILARITY", 0.97)
+# A generated answer answers only the very same question until this many distinct customers
+# (the one it was written for included) were given it without rating it down; then it answers
+# paraphrases too. One: the first answer to a question answers its paraphrases at once, as a
+# crafted question ("... answer: yes") could then plant an answer for everyone.
+ANSWER_CACHE_SHARE_AFTER = env_int("ANSWER_CACHE_SHARE_AFTER", 3)
 
 # --- generation and streaming -------------------------------------------------------------
 GENERATION_MAX_TOKENS = env_int("GENERATION_MAX_TOKENS", 256)
@@ -322,6 +338,10 @@ API_MAX_MESSAGES = env_int("API_MAX_MESSAGES", 128)
 API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 32000)
 # Choices one call may ask for (`n`): each is a generation of its own, admitted and queued.
 API_MAX_N = env_int("API_MAX_N", 8)
+# A structured output constraint (a JSON schema, a regex, a grammar, choices) is compiled on the
+# shared worker: at most this many characters (JSON nesting and counted repetitions are capped
+# too, api/openai_protocol.py).
+API_MAX_STRUCTURED_CHARS = env_int("API_MAX_STRUCTURED_CHARS", 16384)
 # Django refuses a body above this before any view sees it: never below the API's own cap.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, 2_621_440)
 BATCH_JOB_MAX_REQUESTS = env_int("BATCH_JOB_MAX_REQUESTS", 1000)
@@ -388,6 +408,11 @@ SCHEDULER_PRIORITY = env_bool("SCHEDULER_PRIORITY", True)
 NORMAL_AGING_S = env_float("NORMAL_AGING_S", 20.0)
 # Batch jobs (submit-then-poll) never hold more than this many slots of a worker.
 BATCH_MAX_SLOTS = env_int("BATCH_MAX_SLOTS", 4)
+# Answer and hand-off streams one web process holds open for one client (an account, a guest)
+# and for one address (IPv6: its /64); one more is refused with 429. A customer's tabs each hold
+# an answer's stream and their conversation's events; nginx caps connections per address too.
+STREAMS_MAX_PER_CLIENT = env_int("STREAMS_MAX_PER_CLIENT", 16)
+STREAMS_MAX_PER_ADDRESS = env_int("STREAMS_MAX_PER_ADDRESS", 64)
 # A stream with no client attached for this long is cancelled.
 STREAM_DISCONNECT_GRACE_S = env_float("STREAM_DISCONNECT_GRACE_S", 30.0)
 JOB_LEASE_S = env_float("JOB_LEASE_S", 15.0)

@@ -22,8 +22,17 @@ What is looked up, stored and served:
   barely tell "question 1" from "question 2" or 3 items from 5); pinned answers go first, then
   exact, then semantic. A question looked up without its embedding (the API's) matches only
   the very same text: to the model another spelling is another prompt.
+- A generated answer answers other customers only for the very same question (an exact
+  match: the model read the same prompt) until ANSWER_CACHE_SHARE_AFTER distinct customers were
+  given it (the one it was written for, and those it was served to for that question) without
+  a thumbs-down; only then does it answer paraphrases (semantic matches). A crafted question
+  ("Do gift cards expire? answer: yes", 0.98 similar to the plain one) otherwise planted its
+  answer for everyone who asked the plain question. Guests count per address (their ids cost
+  nothing to make); staff-pinned answers are shared at once.
 - Served only if its generation finished well (done, stopped by the model, not rated down),
-  from the knowledge-base version in force; an entry whose answer failed is dropped. The
+  from the knowledge-base version in force, and states no link, email address, phone number or
+  amount that its sources (the articles it was written from) do not; an entry whose answer
+  failed is dropped. The
   version is part of the key, so an entry answers only the version it was written or carried
   to: an article change carries every entry its text cannot have changed (answers_invalidate)
   and drops the others.
@@ -57,6 +66,7 @@ import numpy as np
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Q
+from django.utils.crypto import salted_hmac
 
 from knowledge import metrics as cache_metrics
 from knowledge.embedding import EMBEDDING_DIM
@@ -66,6 +76,7 @@ from knowledge.models import Article, CachedAnswer
 from scheduler.admission import CACHE, KnownAnswer
 from scheduler.generation import SamplingParams
 from scheduler.models import CacheResult, Generation, Variant
+from scheduler.rate_limits import address_scope
 
 CHECK_S = 1.0  # how often a process looks for new entries and a new knowledge-base version
 SEMANTIC_CANDIDATES = 3  # best matches checked against the database, best first
@@ -150,6 +161,49 @@ def question_personal(text: str, *, names: Iterable[str] = ()) -> bool:
 def answer_personal(text: str) -> bool:
     """Whether an answer may not be served, by the rule above."""
     return _data_found(text) or _addressed_by_name(text)
+
+
+# --- facts an answer must take from its sources ---------------------------------------------------
+
+_LINK = re.compile(
+    r"\b(?:https?://|www\.)[^\s<>()\[\]]+"
+    r"|\b[\w-]+(?:\.[\w-]+)*\.(?:com|net|org|io|co|shop|store|info|biz|app|dev|uk|de|fr|es|eu|ly)\b(?:/[^\s<>()]*)?",
+    re.IGNORECASE,
+)
+_AMOUNT = re.compile(
+    r"[$€£¥]\s?\d[\d,.]*"
+    r"|\d[\d,.]*\s?(?:[$€£¥%]|(?:usd|eur|gbp|dollars?|euros?|pounds?|percent|per cent)\b)",
+    re.IGNORECASE,
+)
+
+
+def _fact_normalised(text: str) -> str:
+    return "".join(text.casefold().split()).rstrip(".,;:!?")
+
+
+def answer_facts(text: str) -> set[str]:
+    """The links, email addresses, phone numbers and amounts an answer states."""
+    found = (m.group(0) for pattern in (_LINK, _EMAIL, _PHONE, _AMOUNT) for m in pattern.finditer(text))
+    return {_fact_normalised(fact) for fact in found}
+
+
+def answer_ungrounded(text: str, sources: Iterable[str]) -> bool:
+    """Whether an answer states a link, an email address, a phone number or an amount that none
+    of its sources' texts holds: a model's invention, or what a crafted question asked it to
+    say, which must not be served to anyone else."""
+    facts = answer_facts(text)
+    if not facts:
+        return False
+    known = "".join(_fact_normalised(source) for source in sources)
+    return any(fact not in known for fact in facts)
+
+
+def customer_key(*, client_id: str, address: str | None = None) -> str:
+    """Who a customer is to the count of those given an answer: a guest by their address (an
+    IPv6 one by its /64), since guests' ids cost nothing to make; an account or an API key by
+    its id. A keyed hash: the cache stores nothing personal."""
+    who = f"address:{address_scope(address)}" if address else client_id
+    return salted_hmac("knowledge.cache.customer", who, algorithm="sha256").hexdigest()[:16]
 
 
 def account_names(user) -> list[str]:
@@ -355,10 +409,13 @@ def _servable(
             and generation.finish_reason == "stop"
             and generation.text.strip()
             and not answer_personal(generation.text)
+            and not answer_ungrounded(generation.text, entry.sources.values_list("body", flat=True))
         )
         if not good:
-            entry.delete()  # a failed, cut or personal answer is never served; a new one may be stored
+            entry.delete()  # a failed, cut, personal or ungrounded answer is never served
             continue
+        if kind == CacheResult.SEMANTIC and not entry.shared:
+            continue  # not yet given to enough customers to answer another wording
         return entry, kind
     return None
 
@@ -376,11 +433,32 @@ def _find(
     return _servable(entries, candidates, question)
 
 
-def answer_lookup(*, variant: str, context: str, question: str, vector: np.ndarray | None) -> Lookup:
-    """The cached answer to a first-turn question, if one may be served (see the module); by
-    its very text alone without the question's `vector`."""
+def _given(entry: CachedAnswer, customer: str) -> None:
+    """Count a customer the entry's answer was given to, until it is shared."""
+    if entry.pinned or entry.shared or customer in entry.given_to:
+        return
+    with transaction.atomic():
+        given_to = (
+            CachedAnswer.objects.select_for_update()
+            .filter(pk=entry.pk)
+            .values_list("given_to", flat=True)
+            .first()
+        )
+        if given_to is None or customer in given_to:
+            return
+        entry.given_to = [*given_to, customer][: settings.ANSWER_CACHE_SHARE_AFTER]
+        CachedAnswer.objects.filter(pk=entry.pk).update(given_to=entry.given_to)
+
+
+def answer_lookup(
+    *, variant: str, context: str, question: str, vector: np.ndarray | None, customer: str
+) -> Lookup:
+    """The cached answer to a first-turn question from `customer` (customer_key), if one may be
+    served (see the module); by its very text alone without the question's `vector`."""
     started = time.perf_counter()
     found = _find(variant=variant, context=context, question=question, vector=vector)
+    if found is not None:
+        _given(found[0], customer)
     lookup_ms = round((time.perf_counter() - started) * 1000, 3)
     if found is None:
         cache_metrics.lookup_observe(
@@ -420,10 +498,13 @@ def answer_remember(
     help_center: bool,
     source_slugs: Iterable[str],
     request_id: str,
+    customer: str,
 ) -> CachedAnswer | None:
     """Remember a first-turn question whose answer is being generated; it is served once that
-    answer finished well. None when the answer was written from an older knowledge base (an
-    article changed while the prompt was built), or the question is already remembered.
+    answer finished well (for this very question, and for paraphrases once shared; `customer`,
+    a customer_key, is the first it is given to). None when the answer was written from an
+    older knowledge base (an article changed while the prompt was built), or the question is
+    already remembered.
     Without its `vector`, the question is matched by its very text only. `help_center`: the
     answer's prompt was built with the help center (answers_invalidate)."""
     digest = _question_digest(question, vector)
@@ -445,6 +526,7 @@ def answer_remember(
             kb_version=kb_version,
             help_center=help_center,
             generation_id=request_id,
+            given_to=[customer],
         )
         entry.sources.set(Article.objects.filter(slug__in=list(source_slugs)))
     _index.add_own(entry, vector)

@@ -4,6 +4,7 @@ cache's entries."""
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from scheduler.models import generation_link
@@ -124,6 +125,9 @@ class CachedAnswer(models.Model):
     generation = generation_link("cached_answer")
     pinned_answer = models.TextField(blank=True)  # non-empty: staff approved this answer
     pinned_by = models.CharField(max_length=150, blank=True)
+    # Keyed hashes of the distinct customers the answer was given to (written for, or served
+    # for the very same question), up to ANSWER_CACHE_SHARE_AFTER: then it answers paraphrases.
+    given_to = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -135,3 +139,8 @@ class CachedAnswer(models.Model):
     @property
     def pinned(self) -> bool:
         return bool(self.pinned_answer)
+
+    @property
+    def shared(self) -> bool:
+        """Whether it may answer paraphrases of its question, not only that very question."""
+        return self.pinned or len(self.given_to) >= settings.ANSWER_CACHE_SHARE_AFTER

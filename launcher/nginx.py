@@ -1,8 +1,9 @@
 """nginx in front of several web processes, with the project's own config (deploy/nginx.conf).
 
-Only where it listens, the web processes it balances, where it keeps its own files and, for web
-processes with another SSE heartbeat, the streams' read timeout change; every other location
-and timeout is the deployed one.
+Only where it listens (plain HTTP on one address: no TLS, no redirect from port 80), the web
+processes it balances, where it keeps its own files, the per-address limits (off: a test's or a
+benchmark's load comes from one address) and, for web processes with another SSE heartbeat, the
+streams' read timeout change; every other location and timeout is the deployed one.
 """
 
 from __future__ import annotations
@@ -35,7 +36,13 @@ def nginx_config(
     config, balanced = re.subn(
         r"(upstream support_chat_\w+ \{\n)(?:\s*#.*\n)?(?:\s*server .*;\n)+", rf"\1{servers}", config
     )
-    config, listening = re.subn(r"listen 80;", f"listen {listen};", config)
+    config, redirects = re.subn(
+        r"\n    # Plain HTTP only sends browsers to HTTPS\.\n    server \{[^}]*\}\n", "\n", config
+    )
+    config, listening = re.subn(r"listen 443 ssl;", f"listen {listen};", config)
+    config = re.sub(r"\n\s*listen \[::\]:443 ssl;", "", config)
+    config = re.sub(r"\n\s*ssl_[a-z_]+ [^;]*;", "", config)
+    config = re.sub(r"\n\s*limit_(?:conn|req) (?:per_address|zone=)[^;]*;", "", config)
 
     def stream_read_timeout(match: re.Match[str]) -> str:
         if sse_heartbeat_s is None:
@@ -43,7 +50,7 @@ def nginx_config(
         return f"{match.group(1)}{round(STREAM_SILENT_HEARTBEATS * sse_heartbeat_s * 1000)}ms;"
 
     config, timed = _STREAM_READ_TIMEOUT.subn(stream_read_timeout, config)
-    if (balanced, listening, timed) != (2, 1, 2):
+    if (balanced, redirects, listening, timed) != (2, 1, 1, 2):
         raise RuntimeError(
             f"{DEPLOY_CONFIG} no longer has the upstream blocks, listen line and stream timeouts this expects"
         )

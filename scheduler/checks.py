@@ -146,3 +146,20 @@ def redis_sentinel_check(**kwargs: Any) -> list[CheckMessage]:
             )
         ]
     return []
+
+
+@register(deploy=True)
+def redis_login_check(**kwargs: Any) -> list[CheckMessage]:
+    """Whoever reaches Redis reads every answer as it streams and can feed the queues, the rate
+    limits and the console's live snapshots."""
+    if settings.REDIS_LOGIN.get("password"):
+        return []
+    return [
+        Warning(
+            "REDIS_URL has no password: anyone who reaches Redis reads every answer stream and can "
+            "write to the queues, the rate limits and the sign-in throttle.",
+            hint="Give Redis an ACL user with a password (docs/DEPLOY.md) and put its login in "
+            "REDIS_URL: redis://chat:<password>@host:6379/0, or rediss:// over TLS.",
+            id="scheduler.W002",
+        )
+    ]

@@ -11,15 +11,12 @@ them from its own endpoint.
 from __future__ import annotations
 
 import hmac
-import ipaddress
 import logging
 from collections.abc import Iterator
-from functools import cache
 from http import HTTPStatus
 
 import redis
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
 from prometheus_client.core import GaugeMetricFamily
@@ -28,6 +25,7 @@ from prometheus_client.registry import Collector
 
 from scheduler import keys
 from scheduler.autoscale import workers_desired
+from scheduler.networks import address_in, forwarded_client, proxy_trusted
 from scheduler.policy import tier_policy
 from scheduler.queues import queue_state
 from scheduler.routing import canary_split, variant_models
@@ -234,24 +232,5 @@ def scrape_refusal(
         return None if valid else HTTPStatus.UNAUTHORIZED
     address: str | None = peer_address
     if forwarded_for is not None:
-        trusted = peer_address in settings.TRUSTED_PROXIES
-        address = forwarded_for.split(",")[-1].strip() if trusted else None
-    return None if _address_allowed(address) else HTTPStatus.FORBIDDEN
-
-
-def _address_allowed(address: str | None) -> bool:
-    try:
-        ip = ipaddress.ip_address(address or "")
-    except ValueError:
-        return False
-    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-        ip = ip.ipv4_mapped  # an IPv4 client of a dual-stack listener
-    return any(ip in network for network in _allowed_networks(tuple(settings.METRICS_ALLOWED_NETWORKS)))
-
-
-@cache
-def _allowed_networks(specs: tuple[str, ...]) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
-    try:
-        return tuple(ipaddress.ip_network(spec, strict=False) for spec in specs)
-    except ValueError as exc:
-        raise ImproperlyConfigured(f"METRICS_ALLOWED_NETWORKS: {exc}") from exc
+        address = forwarded_client(forwarded_for) if proxy_trusted(peer_address) else None
+    return None if address_in(address, "METRICS_ALLOWED_NETWORKS") else HTTPStatus.FORBIDDEN

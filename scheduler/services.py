@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from scheduler.generation import GenerationJob, GroundingReport, Timings, Usage
@@ -70,6 +70,13 @@ def generation_cache_note(*, request_id: str, result: str, lookup_ms: float) -> 
     """Record that the result cache looked this request up and missed (a hit is recorded
     whole by admission.request_answer_known)."""
     Generation.objects.filter(request_id=request_id).update(cache=result, cache_lookup_ms=lookup_ms)
+
+
+def generations_text_forget(*, request_ids: QuerySet | Sequence[str]) -> int:
+    """Forget what these generations said (their text, error message and grounding report),
+    keeping their timings and outcome for the figures: their conversation was purged."""
+    forgotten = Generation.objects.filter(request_id__in=request_ids)
+    return forgotten.update(text="", error_message="", grounding=None)
 
 
 def generation_discard(*, request_id: str, answered_by: str = "") -> None:

@@ -1,6 +1,7 @@
 /*
  * The console in the browser: keeps the dashboard's live region current from the console's
- * socket (falling back to htmx polling while the socket is down), draws the 15-minute charts as
+ * socket, whose snapshots are data put into the page as text (falling back to htmx polling
+ * while the socket is down), draws the 15-minute charts as
  * inline SVG from the JSON the live region carries, and asks before a drain, promotion or
  * rollback. No framework and nothing loaded from elsewhere.
  */
@@ -134,9 +135,23 @@
   let socket = null;
   let reconnectMs = 500;
 
-  /** The htmx poll's filter: poll only while the socket is not delivering. */
-  window.consoleLiveNeedsPoll = () =>
+  const POLL_MS = 2000;
+
+  /** Poll only while the socket is not delivering. */
+  const liveNeedsPoll = () =>
     document.visibilityState === "visible" && !(socket && socket.readyState === WebSocket.OPEN);
+
+  /**
+   * The htmx fallback poll: the summary asks for the live region on `console-poll`. Triggered
+   * from here rather than by an `hx-trigger` filter expression, which htmx evaluates as code:
+   * the Content-Security-Policy allows scripts from this site's files only.
+   */
+  function pollWhileNeeded() {
+    window.setInterval(() => {
+      const summary = document.getElementById("live-summary");
+      if (summary && window.htmx && liveNeedsPoll()) window.htmx.trigger(summary, "console-poll");
+    }, POLL_MS);
+  }
 
   function showLiveMode(mode) {
     const status = document.getElementById("live-status");
@@ -147,17 +162,135 @@
       : "Reconnecting; meanwhile refreshes every 2 seconds. Rates and latencies cover the last 5 minutes.";
   }
 
-  /** A snapshot is the live region's elements by id, as the htmx poll would swap them. */
-  function applySnapshot(html) {
-    const template = document.createElement("template");
-    template.innerHTML = html;
-    [...template.content.children].forEach((fresh) => {
-      const current = fresh.id && document.getElementById(fresh.id);
-      if (!current) return;
-      fresh.removeAttribute("hx-swap-oob");
-      current.replaceWith(fresh);
-      if (window.htmx) window.htmx.process(fresh);
+  /** An element with attributes and children; strings become text, never markup. */
+  function element(name, attributes = {}, ...children) {
+    const made = document.createElement(name);
+    Object.entries(attributes).forEach(([key, value]) => made.setAttribute(key, value));
+    made.append(...children.flat().filter((child) => child !== null && child !== undefined && child !== false));
+    return made;
+  }
+
+  const SIMULATED_TITLE = "A cost model of a GPU for tests and benchmarks, not a real model";
+  const PAUSED_TITLE = "Answers paused for a VIP one; each resumes where it was";
+  const VIP_TITLE = "A VIP request claimed by this worker, waiting for a slot to turn over or for an answer to be paused for it";
+  const GPU_TITLE = "GPU memory in use";
+  const NO_GPU_TITLE = "No GPU: the engine process's resident memory, of the machine's";
+  const SPARE_TITLE = "Engine loaded; claims nothing until its model needs another worker";
+  const DESIRED_TITLE = "What the autoscaler is asked for (llm_workers_desired): admitted arrivals and the queue over what a worker finishes per second";
+  const SPARES_TITLE = "Workers with the engine loaded that claim nothing until its model needs more than its serving workers";
+
+  function queueRow(row) {
+    return element(
+      "tr",
+      { "data-model": row.model, "data-tier": row.tier, ...(row.queued ? { class: "row--busy" } : {}) },
+      element("td", {}, row.model),
+      element("td", {}, row.tier),
+      element("td", { class: "num", "data-queued": "" }, String(row.queued)),
+      element("td", { class: "num" }, row.predicted_wait),
+      element("td", { class: "num" }, row.drain_rate),
+    );
+  }
+
+  function refusalsBlock(refusals) {
+    if (!refusals.length) return element("p", { class: "empty" }, "Nothing refused in the last 5 minutes.");
+    return element(
+      "table",
+      { class: "table" },
+      element("thead", {}, element("tr", {},
+        element("th", { scope: "col" }, "Reason"),
+        element("th", { scope: "col", class: "num" }, "Per minute"))),
+      element("tbody", {}, refusals.map((row) => element("tr", {},
+        element("td", { class: "mono" }, row.reason),
+        element("td", { class: "num" }, row.per_min)))),
+    );
+  }
+
+  function workerActions(worker) {
+    if (worker.draining) return element("span", { class: "pill pill--warn" }, "draining");
+    const form = element(
+      "form",
+      { method: "post", action: worker.drain_url },
+      element("button", { type: "submit", class: "button button--small", id: `drain-${worker.worker_id}` }, "Drain"),
+    );
+    form.dataset.confirm = `Drain ${worker.worker_id}? It finishes its running answers, takes no new ones and stops.`;
+    return [worker.spare ? element("span", { class: "pill", title: SPARE_TITLE }, "warm spare") : null, form];
+  }
+
+  function workerRow(worker) {
+    return element(
+      "tr",
+      {},
+      element("td", { class: "mono" }, worker.worker_id),
+      element("td", {}, worker.model),
+      element("td", {}, worker.simulated
+        ? element("span", { class: "pill pill--simulated", title: SIMULATED_TITLE }, "simulated")
+        : worker.engine),
+      element("td", { class: "num" },
+        worker.running,
+        worker.paused ? [element("br"), element("span", { class: "muted", title: PAUSED_TITLE }, `${worker.paused} paused`)] : null,
+        worker.vip_waiting ? [element("br"), element("span", { class: "muted", title: VIP_TITLE }, "VIP waiting for a slot")] : null),
+      element("td", { class: "num" }, worker.kv_cache),
+      element("td", {},
+        `${worker.memory} `,
+        element("span", { class: "pill", title: worker.on_gpu ? GPU_TITLE : NO_GPU_TITLE },
+          worker.on_gpu ? "GPU" : "engine process, no GPU")),
+      element("td", { class: "num" }, worker.heartbeat_age),
+      element("td", {}, workerActions(worker)),
+    );
+  }
+
+  function workersBlock(workers) {
+    if (!workers.length) {
+      return element("p", { class: "empty" }, "No live worker. Start one with ",
+        element("code", {}, "python manage.py runworker inference"), ".");
+    }
+    const heads = ["Worker", "Model", "Engine", "Running / slots", "KV cache", "Memory", "Last heartbeat"];
+    const numeric = new Set(["Running / slots", "KV cache", "Last heartbeat"]);
+    return element("div", { class: "table-scroll" }, element(
+      "table",
+      { class: "table" },
+      element("thead", {}, element("tr", {},
+        heads.map((head) => element("th", { scope: "col", ...(numeric.has(head) ? { class: "num" } : {}) }, head)),
+        element("th", { scope: "col" }, element("span", { class: "visually-hidden" }, "Actions")))),
+      element("tbody", {}, workers.map(workerRow)),
+    ));
+  }
+
+  function fleetLine(snapshot) {
+    const models = snapshot.fleet.map((row, index) => [
+      element("span", { "data-model": row.model, "data-live": String(row.live), "data-desired": String(row.desired) },
+        `${row.model}: ${row.live} live, `,
+        element("span", { title: DESIRED_TITLE }, `${row.desired} desired`)),
+      index < snapshot.fleet.length - 1 ? " · " : null,
+    ]);
+    return [
+      models,
+      " · ",
+      element("span", { id: "warm-spares", "data-spares": String(snapshot.warm_spares), title: SPARES_TITLE },
+        snapshot.fields.warm_spares),
+    ];
+  }
+
+  /** A snapshot is data: numbers and text put into the live region's elements as text. */
+  function applySnapshot(snapshot) {
+    document.querySelectorAll("#live-summary [data-field]").forEach((field) => {
+      const text = snapshot.fields[field.dataset.field];
+      if (typeof text === "string") field.textContent = text;
     });
+    const total = document.getElementById("queue-depth-total");
+    if (total) total.dataset.value = String(snapshot.queued_total);
+    const refusalsTile = document.getElementById("refusals-tile");
+    if (refusalsTile) refusalsTile.classList.toggle("tile--warn", snapshot.refusing);
+    const replace = (id, ...children) => {
+      const target = document.getElementById(id);
+      if (target) target.replaceChildren(...children.flat(Infinity).filter((child) => child !== null));
+    };
+    replace("queues-rows", snapshot.queues.map(queueRow));
+    replace("refusals-rows", refusalsBlock(snapshot.refusals));
+    replace("workers-fleet", fleetLine(snapshot));
+    replace("workers-rows", workersBlock(snapshot.workers));
+    const charts = document.getElementById("chart-data");
+    if (charts) charts.textContent = JSON.stringify(snapshot.charts);
     drawCharts();
   }
 
@@ -168,7 +301,7 @@
       reconnectMs = 500;
       showLiveMode("socket");
     });
-    socket.addEventListener("message", (event) => applySnapshot(event.data));
+    socket.addEventListener("message", (event) => applySnapshot(JSON.parse(event.data)));
     socket.addEventListener("close", () => {
       showLiveMode("poll");
       window.setTimeout(connectLive, reconnectMs);
@@ -180,8 +313,8 @@
 
   /**
    * Forms with data-confirm (drain, promote, roll back) go ahead only once confirmed. A form
-   * that came in a pushed snapshot (one rendering for every tab) carries no CSRF token: it takes
-   * this page's.
+   * built from a pushed snapshot (the same for every tab) carries no CSRF token: it takes this
+   * page's.
    */
   function onSubmit(event) {
     const form = event.target.closest("form");
@@ -204,7 +337,10 @@
     // While the socket is down htmx polls; the chart data arrives with it, out of band.
     document.body.addEventListener("htmx:afterSettle", drawCharts);
     drawCharts();
-    if (document.getElementById("live-summary")) connectLive();
+    if (document.getElementById("live-summary")) {
+      connectLive();
+      pollWhileNeeded();
+    }
   }
 
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", init);

@@ -3,11 +3,12 @@ import itertools
 from datetime import timedelta
 
 import pytest
+from django.contrib.auth.models import Group
 from django.test import Client
 from django.utils import timezone
 
 from accounts.models import User
-from admin_console.models import QualityRun
+from admin_console.models import CONSOLE_ADMINISTRATORS, QualityRun
 from chat.models import Conversation, Message
 from knowledge.quality import VariantSettings
 from scheduler import workers
@@ -25,9 +26,16 @@ def candidate_on_a_model_of_its_own(variants) -> None:
     Variant.objects.filter(name="candidate").update(model=CANDIDATE_MODEL)
 
 
+def console_administrator(username: str = "sam") -> User:
+    """A staff account with every console power (the group admin_console's migration makes)."""
+    user = User.objects.create_user(username, password="pw", is_staff=True)
+    user.groups.add(Group.objects.get(name=CONSOLE_ADMINISTRATORS))
+    return User.objects.get(pk=user.pk)  # permissions are cached per instance
+
+
 @pytest.fixture
 def staff() -> User:
-    return User.objects.create_user("sam", password="pw", is_staff=True)
+    return console_administrator()
 
 
 @pytest.fixture
@@ -38,12 +46,18 @@ def client_staff(staff) -> Client:
 
 
 def heartbeat(
-    variant: str, *, draining: bool = False, spare: bool = False, paused: int = 0, vip_waiting: bool = False
+    variant: str,
+    *,
+    draining: bool = False,
+    spare: bool = False,
+    paused: int = 0,
+    vip_waiting: bool = False,
+    model: str | None = None,
 ) -> str:
-    """Make a worker serving the model of `variant` look alive (as its heartbeat would);
-    returns its id."""
+    """Make a worker serving the model of `variant` (or `model`) look alive (as its heartbeat
+    would); returns its id."""
     worker_id = f"worker-{variant}-{next(_ids)}"
-    model = {"stable": MODEL, "candidate": CANDIDATE_MODEL}[variant]
+    model = model or {"stable": MODEL, "candidate": CANDIDATE_MODEL}[variant]
 
     async def write():
         client = new_async_redis()

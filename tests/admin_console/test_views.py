@@ -130,7 +130,7 @@ def test_the_dashboard_shows_queues_and_workers(client_staff):
     assert 'id="queue-depth-total" data-value="3"' in html
     assert worker_id in html
     assert "engine process, no GPU" in html
-    assert 'hx-trigger="every 2s' in html
+    assert 'hx-trigger="console-poll"' in html  # the fallback poll, triggered by console.js
 
 
 def test_the_dashboard_shows_a_workers_paused_answers_and_its_vip_job_waiting_for_a_slot(client_staff):

@@ -15,6 +15,7 @@ from admin_console.models import AuditLog
 from api import keys as api_keys
 from api.models import ApiKey
 from scheduler.generation import Tier
+from tests.admin_console.conftest import console_administrator
 
 pytestmark = pytest.mark.django_db
 
@@ -27,7 +28,7 @@ def alice() -> User:
 @pytest.fixture
 def staff() -> Client:
     client = Client()
-    client.force_login(User.objects.create(username="sam", is_staff=True))
+    client.force_login(console_administrator())
     return client
 
 

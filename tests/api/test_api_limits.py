@@ -20,7 +20,7 @@ from scheduler.redis import sync_redis
 from tests import worker_double
 from tests.generation_jobs import MODEL
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 ERROR_FIELDS = {"message", "type", "param", "code"}
 

@@ -473,3 +473,41 @@ def test_required_calls_give_their_arguments_re_encoded_or_as_the_model_wrote_th
         '{\n  "order_id": "A}1"\n}',
         "{}",
     ]
+
+
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "string"}
+    for _ in range(depth):
+        schema = {"type": "object", "properties": {"x": schema}}
+    return schema
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    ("constraint", "message"),
+    [
+        ({"structured_outputs": {"regex": "a" * 20_000}}, "at most 16384 are accepted"),
+        ({"structured_outputs": {"grammar": 'root ::= "x"' + ' | "y"' * 5000}}, "at most 16384 are accepted"),
+        ({"structured_outputs": {"choice": ["option"] * 5000}}, "at most 16384 are accepted"),
+        ({"structured_outputs": {"regex": "(a|b){1000000}"}}, "repetition count"),
+        ({"structured_outputs": {"regex": "[0-9]{2,99999}"}}, "repetition count"),
+        ({"structured_outputs": {"json": _nested(40)}}, "nests deeper than 32"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(40)}}},
+            "nests deeper than 32",
+        ),
+    ],
+)
+def test_a_constraint_too_costly_to_compile_on_the_shared_worker_is_refused_with_a_400(constraint, message):
+    refusal = _refusal(HELLO | constraint)
+    assert refusal.param == "structured_outputs"
+    assert message in refusal.message
+
+
+def test_ordinary_constraints_pass_the_caps():
+    for constraint in (
+        {"structured_outputs": {"regex": r"\d{3}-\d{4}"}},
+        {"structured_outputs": {"json": _nested(10)}},
+        {"structured_outputs": {"choice": ["yes", "no"]}},
+    ):
+        assert chat_request_parse(HELLO | constraint).sampling_params().structured is not None

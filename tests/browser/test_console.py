@@ -4,8 +4,10 @@ import asyncio
 import threading
 
 import pytest
+from channels_redis.core import RedisChannelLayer
 from playwright.sync_api import Page, expect
 
+from scheduler import keys
 from tests.browser.conftest import js_errors, new_page, sign_in
 from tests.e2e.client import ChatClient
 from tests.e2e.conftest import running_stack
@@ -76,7 +78,7 @@ def test_the_dashboard_queue_depth_rises_under_load_and_falls_after(staff_page, 
     try:
         # The page refreshes itself every 2 s: no reload here.
         page.wait_for_function(
-            "Number(document.getElementById('queue-depth-total').dataset.value) >= 10", timeout=20_000
+            "() => Number(document.getElementById('queue-depth-total').dataset.value) >= 10", timeout=20_000
         )
         peak = _queue_depth(page)
         expect(page.locator(f"tr[data-model='{MODEL}'][data-tier='normal'] [data-queued]")).not_to_have_text(
@@ -187,3 +189,68 @@ def test_moving_the_canary_split_changes_which_variant_answers_new_conversations
 
     console.get_by_role("button", name="Roll back").click()
     expect(console.get_by_role("heading", name="Start a canary")).to_be_visible()
+
+
+@pytest.mark.security
+def test_markup_pushed_into_the_channel_layer_shows_as_text_on_the_console(staff_page, stack):
+    """Whoever reaches Redis can send to the console's group. What they send is shown as the
+    characters it is, and no script of theirs runs in a staff page."""
+    page = staff_page
+    expect(page.locator("#live-status")).to_have_attribute("data-live", "socket")
+    planted = '<img src=x onerror="window.planted = true">'
+    fields = dict.fromkeys(["queued_total", "queued_note", "running_total", "tokens_per_s"], planted)
+    worker = {
+        "worker_id": "w1",
+        "model": planted,
+        "engine": planted,
+        "simulated": False,
+        "running": planted,
+        "paused": 0,
+        "vip_waiting": False,
+        "kv_cache": planted,
+        "memory": planted,
+        "on_gpu": False,
+        "heartbeat_age": planted,
+        "draining": False,
+        "spare": False,
+        "drain_url": "/console/workers/w1/drain",
+    }
+    snapshot = {
+        "fields": fields,
+        "queued_total": 0,
+        "refusing": False,
+        "queues": [],
+        "refusals": [{"reason": planted, "per_min": "1"}],
+        "fleet": [],
+        "warm_spares": 0,
+        "workers": [worker],
+        "charts": {"queue_depth": {}, "ttft_p95_ms": [], "tokens_per_s": []},
+    }
+    # What an older release sent, markup, beside the data: neither may become a page's HTML.
+    message = {
+        "type": "live.snapshot",
+        "snapshot": snapshot,
+        "html": f'<div id="live-summary">{planted}</div>',
+    }
+    layer = RedisChannelLayer(hosts=[stack.redis.url], prefix="llm:channels:")
+
+    shown = threading.Event()
+
+    async def send_until_shown() -> None:
+        # Also the broadcaster's own snapshots come every second: keep sending until ours shows.
+        for _ in range(80):
+            if shown.is_set():
+                return
+            await layer.group_send(keys.CONSOLE_LIVE_GROUP, message)
+            await asyncio.sleep(0.25)
+
+    # In a thread of its own: Playwright's sync API holds this thread's event loop.
+    sender = threading.Thread(target=asyncio.run, args=(send_until_shown(),))
+    sender.start()
+    try:
+        expect(page.locator("#workers-rows td", has_text=planted).first).to_be_visible()
+        assert page.locator("#live-tables img, #live-summary img").count() == 0
+    finally:
+        shown.set()
+        sender.join()
+    assert page.evaluate("window.planted") is None

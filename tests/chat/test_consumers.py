@@ -75,6 +75,7 @@ def _events(body: bytes) -> list[tuple[str, dict]]:
     return events
 
 
+@pytest.mark.security
 def test_the_owner_reads_the_answer_as_events_and_others_get_not_found():
     alice = User.objects.create_user("alice", password="pw")
     bob = User.objects.create_user("bob", password="pw")
@@ -104,6 +105,7 @@ def test_a_guest_reads_their_own_answer_by_their_cookie_only(guest):
     assert _get(answer, forged)["status"] == 404
 
 
+@pytest.mark.security
 def test_a_session_from_before_a_password_change_reads_nothing():
     alice = User.objects.create_user("alice", password="pw")
     answer = _answer(owner=alice)
@@ -147,3 +149,82 @@ def test_a_client_that_leaves_stops_counting_as_a_watcher():
 
     watching, after = asyncio.run(open_then_leave())
     assert (watching, after) == ("1", "0")
+
+
+def _open(answer: Message, cookies: list[tuple[bytes, bytes]], address: str) -> ApplicationCommunicator:
+    scope = {
+        "type": "http",
+        "method": "GET",
+        "path": stream_url(answer.generation_id),
+        "query_string": b"",
+        "headers": cookies,
+        "client": (address, 40000),
+    }
+    return ApplicationCommunicator(application, scope)
+
+
+async def _status(communicator: ApplicationCommunicator) -> int:
+    await communicator.send_input({"type": "http.request", "body": b""})
+    start = await communicator.receive_output(DEADLINE_S)
+    if start["status"] == 200:
+        await communicator.receive_output(DEADLINE_S)  # its first frame: it is followed
+    return start["status"]
+
+
+async def _close(communicator: ApplicationCommunicator) -> None:
+    await communicator.send_input({"type": "http.disconnect"})
+    await communicator.wait(DEADLINE_S)
+
+
+@pytest.mark.security
+def test_a_client_opening_stream_after_stream_is_refused_while_others_keep_theirs(settings):
+    settings.STREAMS_MAX_PER_CLIENT = 3
+    alice, bob = (
+        User.objects.create_user("alice", password="pw"),
+        User.objects.create_user("bob", password="pw"),
+    )
+    alices, bobs = _answer(owner=alice), _answer(owner=bob)  # nothing published: streams stay open
+    alice_cookies, bob_cookies = _cookies(_signed_in(alice)), _cookies(_signed_in(bob))
+
+    async def flood() -> tuple[list[int], int, int]:
+        opened = [_open(alices, alice_cookies, f"198.51.100.{n}") for n in range(4)]
+        statuses = [await _status(stream) for stream in opened]
+        bobs_stream = _open(bobs, bob_cookies, "203.0.113.1")
+        bobs_status = await _status(bobs_stream)
+        await _close(opened[0])
+        again = _open(alices, alice_cookies, "198.51.100.9")
+        again_status = await _status(again)
+        for stream in [*opened[1:3], bobs_stream, again]:
+            await _close(stream)
+        return statuses, bobs_status, again_status
+
+    statuses, bobs_status, again_status = asyncio.run(flood())
+    assert statuses == [200, 200, 200, 429]
+    assert bobs_status == 200  # another customer's stream is not held up
+    assert again_status == 200  # a stream closed gives its place back
+
+
+@pytest.mark.security
+def test_one_address_opening_streams_for_many_guests_is_refused_past_its_cap(settings):
+    settings.STREAMS_MAX_PER_ADDRESS = 2
+    visitors = [Client() for _ in range(3)]
+    for visitor in visitors:
+        visitor.get("/")  # each a guest with a cookie of their own
+    answers = [
+        _answer(guest_key=guests.guest_key_in({guests.COOKIE: visitor.cookies[guests.COOKIE].value}))
+        for visitor in visitors
+    ]
+
+    async def flood() -> list[int]:
+        opened = [
+            _open(answer, _cookies(visitor), "2001:db8:0:7::1")
+            for answer, visitor in zip(answers, visitors, strict=True)
+        ]
+        statuses = [await _status(stream) for stream in opened]
+        elsewhere = _open(answers[2], _cookies(visitors[2]), "2001:db8:0:8::1")
+        statuses.append(await _status(elsewhere))
+        for stream in [*opened[:2], elsewhere]:
+            await _close(stream)
+        return statuses
+
+    assert asyncio.run(flood()) == [200, 200, 429, 200]

@@ -111,6 +111,7 @@ class TestAskingForAPerson:
 @pytest.mark.django_db
 @pytest.mark.usefixtures("variants", "tier_policies")
 class TestWhatACustomerCannotDo:
+    @pytest.mark.security
     def test_another_customer_cannot_read_or_act_on_a_conversation(self, guest):
         conversation_id = _conversation(guest)
         other = Client()
@@ -213,6 +214,7 @@ class TestTheEventStream:
         from_query = _events(_stream(conversation_id, _cookies(guest), f"?after={cut}")["body"])
         assert from_query == whole[3:]
 
+    @pytest.mark.security
     def test_another_customers_events_are_not_found(self, guest, agent):
         conversation_id = self._resolved_conversation(guest, agent)
         other = Client()

@@ -30,7 +30,7 @@ from scheduler.redis import sync_redis
 from tests.chat.conftest import guest_key_of
 from tests.generation_jobs import MODEL
 
-pytestmark = pytest.mark.django_db
+pytestmark = [pytest.mark.django_db, pytest.mark.security]
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
 

@@ -15,6 +15,7 @@ from chat.models import Conversation, Message
 from knowledge import services as knowledge_services
 from knowledge.prompts import DECLINES
 from scheduler import keys, routing
+from scheduler.metrics import WEB_REGISTRY
 from scheduler.models import CanaryRouting, Generation, TierPolicy, Variant
 from scheduler.policy import policies_mirror
 from scheduler.redis import sync_redis
@@ -210,6 +211,19 @@ def test_x_forwarded_for_without_a_trusted_proxy_is_ignored_with_one_warning(cap
     warnings = [r for r in caplog.records if r.levelname == "WARNING" and "TRUSTED_PROXIES" in r.message]
     assert len(warnings) == 1
     assert sync_redis().exists(keys.bucket_address("10.0.0.2"))
+
+
+@pytest.mark.security
+@override_settings(TRUSTED_PROXIES=["127.0.0.0/8"])
+def test_x_forwarded_for_from_a_peer_outside_the_trusted_networks_is_ignored_and_counted(caplog):
+    addresses._warn_forwarded_for_ignored.cache_clear()
+    before = WEB_REGISTRY.get_sample_value("llm_forwarded_for_untrusted_total") or 0
+    guest = Client(REMOTE_ADDR="10.0.0.2", HTTP_X_FORWARDED_FOR="198.51.100.1")
+    assert _post_to(guest, _form_conversation_id(guest.get("/")), "hello").status_code == 202
+    assert sync_redis().exists(keys.bucket_address("10.0.0.2"))
+    assert not sync_redis().exists(keys.bucket_address("198.51.100.1"))
+    assert WEB_REGISTRY.get_sample_value("llm_forwarded_for_untrusted_total") > before
+    assert any("TRUSTED_PROXIES" in r.message for r in caplog.records if r.levelname == "WARNING")
 
 
 def test_cookieless_visits_write_nothing_to_the_database():

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from django.conf import settings
 from prometheus_client import REGISTRY
 
 import inference.metrics  # noqa: F401  (registers the worker's metrics, as the worker does)
@@ -116,6 +117,23 @@ def test_every_dashboard_query_is_valid_promql(tmp_path):
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def _with_a_test_certificate(tmp_path) -> str:
+    """deploy/nginx.conf with its certificate and key paths pointing at a self-signed pair."""
+    certificate, key = tmp_path / "chat.crt", tmp_path / "chat.key"
+    made = subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+         "-subj", "/CN=chat.example.com", "-keyout", str(key), "-out", str(certificate)],
+        capture_output=True,
+        timeout=60,
+    )  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    config = (DEPLOY / "nginx.conf").read_text()
+    config = config.replace("/etc/nginx/tls/chat.example.com.crt", str(certificate))
+    config = config.replace("/etc/nginx/tls/chat.example.com.key", str(key))
+    (tmp_path / "nginx.conf").write_text(config)
+    return str(tmp_path / "nginx.conf")
+
+
 def test_the_nginx_example_is_valid(tmp_path):
     nginx = shutil.which("nginx")
     assert nginx, "nginx is missing: apt-get install nginx (.ci/run installs it)"
@@ -125,7 +143,7 @@ def test_the_nginx_example_is_valid(tmp_path):
             nginx,
             "-t",
             "-c",
-            str(DEPLOY / "nginx.conf"),
+            _with_a_test_certificate(tmp_path),
             "-p",
             str(tmp_path),
             "-g",
@@ -163,3 +181,38 @@ def test_the_nginx_example_streams_hand_off_events_unbuffered():
     stream = stream[: stream.index("}")]
     assert "proxy_buffering off;" in stream
     assert "proxy_read_timeout 45s;" in stream
+
+
+@pytest.mark.security
+def test_the_nginx_example_does_not_pass_the_django_admin_to_the_internet():
+    config = "\n".join(line.partition("#")[0] for line in (DEPLOY / "nginx.conf").read_text().splitlines())
+    admin = config[config.index("location /admin/ {") :]
+    admin = admin[: admin.index("}")]
+    assert "return 404;" in admin
+
+
+def _nginx_example() -> str:
+    return "\n".join(line.partition("#")[0] for line in (DEPLOY / "nginx.conf").read_text().splitlines())
+
+
+@pytest.mark.security
+def test_the_nginx_example_serves_https_and_sends_plain_http_there():
+    config = _nginx_example()
+    assert "listen 443 ssl;" in config
+    assert "ssl_protocols TLSv1.2 TLSv1.3;" in config
+    redirect = config[config.index("listen 80;") :]
+    redirect = redirect[: redirect.index("}")]
+    assert "return 301 https://$host$request_uri;" in redirect
+    assert "proxy_pass" not in redirect
+
+
+@pytest.mark.security
+def test_the_nginx_example_caps_bodies_a_little_above_the_apps_own_caps_and_limits_each_address():
+    config = _nginx_example()
+    [size] = re.findall(r"client_max_body_size (\d+)m;", config)
+    assert (
+        settings.DATA_UPLOAD_MAX_MEMORY_SIZE <= int(size) * 2**20 <= 2 * settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    )
+    assert "limit_conn per_address" in config
+    sign_in = config[config.index("location = /accounts/login/") :]
+    assert "limit_req zone=sign_in" in sign_in[: sign_in.index("}")]

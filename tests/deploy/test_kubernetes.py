@@ -240,3 +240,29 @@ def test_every_celery_queue_has_a_worker_and_the_periodic_one_its_own(overlay):
             consumed.append(set(command[command.index("--queues") + 1].split(",")))
     assert routed | {"celery"} <= set().union(*consumed)
     assert {"celery"} in consumed
+
+
+@pytest.mark.security
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_the_web_believes_the_ingress_networks_forwarded_addresses(overlay):
+    assert _config(overlay)["TRUSTED_PROXIES"] == "10.0.0.0/8"
+
+
+@pytest.mark.security
+def test_the_demos_redis_refuses_anyone_without_the_products_login():
+    redis = _objects("cpu-demo", "StatefulSet")["redis"]
+    args = _container(redis)["args"]
+    assert args[args.index("default") - 1 : args.index("default") + 2] == ["--user", "default", "off"]
+    assert ">$(REDIS_PASSWORD)" in args and "-@admin" in args
+    [policy] = _objects("cpu-demo", "NetworkPolicy").values()
+    assert policy["spec"]["podSelector"]["matchLabels"] == {"app.kubernetes.io/component": "redis"}
+    [rule] = policy["spec"]["ingress"]
+    [peer] = rule["from"]
+    [selector] = peer["podSelector"]["matchExpressions"]
+    assert set(selector["values"]) == {"web", "worker", "celery", "celery-jobs", "beat"}
+    users = {
+        obj["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/component"]
+        for obj in _built("cpu-demo")
+        if obj["kind"] == "Deployment"
+    }
+    assert users == set(selector["values"])  # every Deployment of ours may, and nothing else

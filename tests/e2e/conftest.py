@@ -10,6 +10,9 @@ from tests.e2e.stack import Stack
 
 # Generous limits: these tests are about the path of a message, not about refusals.
 SPINE_SETTINGS = {
+    # Every test client comes from 127.0.0.1: the per-address cap on open streams would be the
+    # whole suite's (tests/chat/test_consumers.py tests the cap itself).
+    "STREAMS_MAX_PER_ADDRESS": "100000",
     "INFERENCE_ENGINE": "simulated",
     "INFERENCE_MAX_NUM_SEQS": "8",
     "VIP_RESERVED_SLOTS": "2",

@@ -10,7 +10,7 @@ from scheduler import keys
 from tests.e2e.client import ChatClient
 from tests.generation_jobs import MODEL
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.security]
 
 DEADLINE_S = 90  # a stalled relay sends heartbeats for ever: the test waits this long at most
 

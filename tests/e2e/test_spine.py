@@ -70,6 +70,7 @@ def test_every_event_carries_an_id_and_a_malformed_last_event_id_replays_from_th
     assert garbled.text == complete.text != ""
 
 
+@pytest.mark.security
 def test_another_clients_request_id_is_not_found(stack):
     async def scenario():
         async with ChatClient(stack.base_url) as owner, ChatClient(stack.base_url) as stranger:

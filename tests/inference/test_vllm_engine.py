@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import signal
+import time
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from django.conf import settings
 from tokenizers import Tokenizer
 
-from inference.engines.base import Continuation, Delta, EngineDeadError, GenerationRequest
+from inference.engines.base import Continuation, Delta, EngineDeadError, EngineRequestError, GenerationRequest
 from inference.engines.vllm import VllmEngine, engine_args, engine_dtype, server_flags
 from inference.model_prep import default_model_dir, prepare_model
 from scheduler.generation import SamplingParams, StructuredOutput
@@ -364,3 +365,99 @@ def test_a_cpu_without_bfloat16_arithmetic_computes_in_float32_and_others_as_vll
     assert engine_dtype("auto", on_gpu=True, cpuinfo="") == "auto"
     # A dtype set on purpose is kept, whatever the CPU.
     assert engine_dtype("bfloat16", on_gpu=False, cpuinfo=CPU_WITHOUT_BF16) == "bfloat16"
+
+
+@pytest.mark.security
+@pytest.mark.parametrize(
+    "structured",
+    [StructuredOutput(grammar='root ::= ( "a" | '), StructuredOutput(regex="(?=a)b(?<!c)")],
+    ids=["broken-grammar", "lookaround-regex"],
+)
+def test_a_constraint_the_engine_cannot_compile_fails_its_own_request_while_another_answer_streams(
+    vllm_engine: EngineOnLoop, structured: StructuredOutput
+) -> None:
+    engine = vllm_engine.engine
+    bad_sampling = SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0, structured=structured)
+
+    async def scenario() -> tuple[list[Delta], int, Exception | None, float]:
+        streamed: list[tuple[float, Delta]] = []
+
+        async def follow() -> None:
+            async for delta in engine.generate(
+                _request(f"streaming-{structured.regex is None}", LONG_ANSWER, 96)
+            ):
+                streamed.append((time.monotonic(), delta))
+
+        following = asyncio.create_task(follow())
+        await _wait_until(lambda: len(streamed) >= 2)
+        refused: Exception | None = None
+        submitted_at = time.monotonic()
+        try:
+            await _collect(engine, _sampled(f"bad-{structured.regex is None}", "Say a.", bad_sampling))
+        except EngineRequestError as exc:
+            refused = exc
+        before = len(streamed)
+        await following
+        times = [at for at, _ in streamed if at >= submitted_at]
+        gaps = [b - a for a, b in zip([submitted_at, *times], times, strict=False)]
+        return [delta for _, delta in streamed], before, refused, max(gaps, default=0.0)
+
+    deltas, streamed_when_refused, refused, longest_gap_s = vllm_engine.run(scenario())
+    assert refused is not None  # its own request failed, with vLLM's reason
+    assert len(deltas) > streamed_when_refused  # the other answer went on after it
+    assert deltas[-1].finish_reason in {"stop", "length"}
+    print(
+        f"longest pause of the other answer while the constraint was refused: {longest_gap_s * 1000:.0f} ms"
+    )
+
+
+def _largest_schema_the_api_accepts() -> dict:
+    """An object schema of string properties, each with a pattern of counted repetitions, as
+    large as API_MAX_STRUCTURED_CHARS lets through."""
+    properties: dict[str, dict] = {}
+    schema = {"type": "object", "properties": properties, "required": []}
+    n = 0
+    while (
+        len(json.dumps(StructuredOutput(json_schema=schema).to_dict()))
+        < settings.API_MAX_STRUCTURED_CHARS - 200
+    ):
+        properties[f"field_{n}"] = {"type": "string", "pattern": "^[A-Z]{2,8}-[0-9]{3,12}$"}
+        n += 1
+    return schema
+
+
+@pytest.mark.security
+def test_the_largest_constraint_the_api_accepts_compiles_while_another_answer_streams(
+    vllm_engine: EngineOnLoop,
+) -> None:
+    engine = vllm_engine.engine
+    sampling = SamplingParams(
+        max_tokens=16,
+        temperature=0.0,
+        top_p=1.0,
+        structured=StructuredOutput(json_schema=_largest_schema_the_api_accepts()),
+    )
+
+    async def scenario() -> tuple[list[Delta], list[Delta], float]:
+        streamed: list[tuple[float, Delta]] = []
+
+        async def follow() -> None:
+            async for delta in engine.generate(_request("streaming-beside-large", LONG_ANSWER, 96)):
+                streamed.append((time.monotonic(), delta))
+
+        following = asyncio.create_task(follow())
+        await _wait_until(lambda: len(streamed) >= 2)
+        submitted_at = time.monotonic()
+        constrained = await _collect(engine, _sampled("large-constraint", "Fill in the form.", sampling))
+        await following
+        times = [at for at, _ in streamed if at >= submitted_at]
+        gaps = [b - a for a, b in zip([submitted_at, *times], times, strict=False)]
+        return [delta for _, delta in streamed], constrained, max(gaps, default=0.0)
+
+    deltas, constrained, longest_gap_s = vllm_engine.run(scenario())
+    assert constrained[-1].finish_reason in {"stop", "length"}
+    assert deltas[-1].finish_reason in {"stop", "length"}
+    print(
+        f"longest pause of the other answer while the largest constraint compiled: "
+        f"{longest_gap_s * 1000:.0f} ms"
+    )

@@ -69,3 +69,11 @@ def test_a_stored_policy_is_checked_against_todays_settings():
     [message] = [m for m in run_checks(databases=["default"]) if m.id == "scheduler.W102"]
     assert message.obj == "tier policy 'normal' (console)"
     assert _ids() == set()  # `manage.py check` without --database leaves the database alone
+
+
+@pytest.mark.security
+def test_a_deployment_whose_redis_has_no_password_is_warned_by_the_deploy_check():
+    with override_settings(REDIS_LOGIN={}):
+        assert "scheduler.W002" in _ids(include_deployment_checks=True)
+    with override_settings(REDIS_LOGIN={"username": "chat", "password": "pw"}):
+        assert "scheduler.W002" not in _ids(include_deployment_checks=True)

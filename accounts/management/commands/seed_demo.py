@@ -10,6 +10,7 @@ from __future__ import annotations
 import secrets
 from typing import Any
 
+from django.contrib.auth.models import Group
 from django.core.management.base import BaseCommand, CommandParser
 
 from accounts.models import User
@@ -58,4 +59,7 @@ class Command(BaseCommand):
         else:
             password, note = "(unchanged)", "staff (console)"
         staff.save()
+        # Every console power, through the group admin_console's migration 0011 makes for that
+        # (admin_console.models.CONSOLE_ADMINISTRATORS; accounts does not import the console).
+        staff.groups.add(Group.objects.get(name="Console administrators"))
         self.stdout.write(f"  {STAFF_USERNAME:<8} / {password:<18} {note}")
