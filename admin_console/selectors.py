@@ -15,7 +15,7 @@ from admin_console.models import AuditLog, CanaryRollout, QualityRun
 from chat.models import Message
 from knowledge.models import CachedAnswer
 from knowledge.quality import VariantSettings
-from scheduler import keys, timeseries
+from scheduler import fair_share, keys, timeseries
 from scheduler.autoscale import workers_desired
 from scheduler.generation import Origin
 from scheduler.models import CacheResult, CanaryRouting, Experiment, Generation, TierPolicy, Variant
@@ -500,6 +500,11 @@ def automatic_rollback_alert() -> CanaryRollout | None:
 def tier_policies() -> list[TierPolicy]:
     order = {tier: index for index, tier in enumerate(keys.TIERS)}
     return sorted(TierPolicy.objects.all(), key=lambda policy: order.get(policy.tier, len(order)))
+
+
+def source_weights() -> dict[str, float]:
+    """The fair share's weight of each origin (1 when never set), in the origins' order."""
+    return fair_share.weights_stored()
 
 
 def audit_entries(*, limit: int = 200) -> QuerySet[AuditLog]:

@@ -384,6 +384,12 @@ GUEST_ADDRESS_BUCKET_FACTOR = env_int("GUEST_ADDRESS_BUCKET_FACTOR", 4)
 TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
 # Off: every tier shares the normal queue in arrival order (plain FIFO, a benchmark baseline).
 SCHEDULER_PRIORITY = env_bool("SCHEDULER_PRIORITY", True)
+# Inside each tier, share the workers' slots between sources (chat customers, API keys, batch
+# owners) by tokens served (scheduler/fair_share.py); off: arrival order.
+FAIR_SHARE = env_bool("FAIR_SHARE", True)
+# The most tokens of service a source that was idle may be ahead of the busiest-served waiting
+# one when it starts waiting again: what an idle spell banks.
+FAIR_SHARE_IDLE_CREDIT_TOKENS = env_int("FAIR_SHARE_IDLE_CREDIT_TOKENS", 256)
 # A normal request waiting longer than this is claimed before VIP ones (no starvation).
 NORMAL_AGING_S = env_float("NORMAL_AGING_S", 20.0)
 # Batch jobs (submit-then-poll) never hold more than this many slots of a worker.

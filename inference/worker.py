@@ -42,6 +42,7 @@ from inference.engines.base import (
 from knowledge.grounding import AnswerChecker
 from scheduler import control, keys, timeseries, warmpool, workers
 from scheduler.admission import request_finished
+from scheduler.fair_share import fair_share_settle
 from scheduler.generation import (
     TERMINAL_EVENTS,
     Done,
@@ -672,6 +673,17 @@ class InferenceWorker:
                 tokens_used=outcome.usage.prompt_tokens + outcome.usage.completion_tokens,
             )
         )
+        if stored and self.queue.fair_share:
+            # Its source was charged its most when it was claimed: settled once, with what it used.
+            await self._retrying(
+                lambda: fair_share_settle(
+                    self.queue.client,
+                    model=self.queue.model,
+                    tier=job.tier,
+                    share=job.share,
+                    tokens_used=outcome.usage.prompt_tokens + outcome.usage.completion_tokens,
+                )
+            )
         if outcome.error_code:
             event = self._emit(job, Error(code=outcome.error_code, message=outcome.error_message))
         else:

@@ -22,6 +22,7 @@ from inference.metrics import PREEMPTIONS
 from inference.worker import InferenceWorker, WorkerConfig, _Running
 from scheduler import control, keys
 from scheduler.admission import request_submit
+from scheduler.fair_share import FairShare
 from scheduler.generation import Grounding, GroundingSource, Reset, SamplingParams, StructuredOutput, Tier
 from scheduler.models import Generation, WarmPool
 from scheduler.queues import Job, JobQueue
@@ -475,6 +476,7 @@ def test_a_second_finish_of_the_same_generation_changes_nothing():
 
 def _running(worker: InferenceWorker, *tiers: str) -> None:
     for n, tier in enumerate(tiers):
+        generation = generation_job(f"r{n}", tier=tier)
         job = Job(
             entry_id=f"0-{n}",
             model=MODEL,
@@ -483,7 +485,8 @@ def _running(worker: InferenceWorker, *tiers: str) -> None:
             seq=n,
             enqueued_at=0.0,
             deadline=0.0,
-            generation=generation_job(f"r{n}", tier=tier),
+            generation=generation,
+            share=FairShare.of(generation),
         )
         worker.running[job.request_id] = _Running(job=job)
 
