@@ -390,6 +390,12 @@ FAIR_SHARE = env_bool("FAIR_SHARE", True)
 # The most tokens of service a source that was idle may be ahead of the busiest-served waiting
 # one when it starts waiting again: what an idle spell banks.
 FAIR_SHARE_IDLE_CREDIT_TOKENS = env_int("FAIR_SHARE_IDLE_CREDIT_TOKENS", 256)
+# What a prompt token counts for its source's share beside an answer's token (VTC's w_p, w_q
+# being 1): prefill is batched and the help center's prefix is cached, decoding holds a slot.
+FAIR_SHARE_PROMPT_TOKEN_WEIGHT = env_float("FAIR_SHARE_PROMPT_TOKEN_WEIGHT", 0.25)
+# With every slot busy, a job of a source served less pauses the youngest answer of the source
+# holding the most slots (it resumes from its streamed text), instead of waiting for one to end.
+FAIR_SHARE_PREEMPTION = env_bool("FAIR_SHARE_PREEMPTION", True)
 # A normal request waiting longer than this is claimed before VIP ones (no starvation).
 NORMAL_AGING_S = env_float("NORMAL_AGING_S", 20.0)
 # Batch jobs (submit-then-poll) never hold more than this many slots of a worker.

@@ -5,9 +5,10 @@ A job's source is set by the server from who it is for: a chat customer, an API 
 job's owner, a quality score's variant; nothing a client sends names it. Each source has a
 counter of the tokens it was served in the tier (prompt and answer, divided by its weight): the
 claim (scheduler.queues) takes the next job of the waiting source with the least. A job is
-charged when it is claimed with its most (prompt and `max_tokens`), and settled with what it
-used when it ends, so a source with many answers under way counts them while they run. A source
-that starts waiting again starts no lower than the least counter of the sources waiting, less
+charged when it is claimed with its most (prompt and `max_tokens`; a prompt token counts
+FAIR_SHARE_PROMPT_TOKEN_WEIGHT of an answer's), and settled with what it used when it ends, so
+a source with many answers under way counts them while they run. A source that starts waiting
+again starts no lower than the floor (the least counter of the sources waiting) less
 FAIR_SHARE_IDLE_CREDIT_TOKENS: an idle spell banks at most that much. A source alone is served
 at once (work-conserving).
 
@@ -41,9 +42,9 @@ class FairShare:
 
     source: str
     weight: float
-    cost: int  # tokens charged when claimed: the prompt's estimate plus `max_tokens`
+    cost: float  # counted when claimed: the most it can be served (tokens_served, unweighted)
 
-    def charge(self, tokens: int) -> float:
+    def charge(self, tokens: float) -> float:
         return tokens / self.weight
 
     @classmethod
@@ -57,12 +58,21 @@ def job_source(job: GenerationJob) -> str:
     return f"{job.origin}:{job.client_id}"
 
 
-def job_cost(job: GenerationJob) -> int:
+def tokens_served(*, prompt_tokens: int, completion_tokens: int) -> float:
+    """What an answer counts for its source before its weight: its answer's tokens, and its
+    prompt's at FAIR_SHARE_PROMPT_TOKEN_WEIGHT each (VTC's w_p against w_q = 1): a prompt
+    token costs the engine a fraction of a decoded one (prefilled in a batch, often found in
+    the prefix cache), while a decoded one holds a slot for a step."""
+    return prompt_tokens * settings.FAIR_SHARE_PROMPT_TOKEN_WEIGHT + completion_tokens
+
+
+def job_cost(job: GenerationJob) -> float:
+    """The most the job can count: its prompt (estimated from its characters) and `max_tokens`."""
     if job.prompt is not None:
         chars = len(job.prompt)
     else:
         chars = sum(len(message.get("content") or "") for message in job.messages)
-    return chars // CHARS_PER_TOKEN + job.sampling.max_tokens
+    return tokens_served(prompt_tokens=chars // CHARS_PER_TOKEN, completion_tokens=job.sampling.max_tokens)
 
 
 _weights: tuple[float, dict[str, float]] | None = None
@@ -155,11 +165,18 @@ return 1
 
 
 async def fair_share_settle(
-    client: aioredis.Redis, *, model: str, tier: str, share: FairShare, tokens_used: int
+    client: aioredis.Redis,
+    *,
+    model: str,
+    tier: str,
+    share: FairShare,
+    prompt_tokens: int,
+    completion_tokens: int,
 ) -> None:
     """Correct the job's charge at claim (its most) by what it used. A source already forgotten
     (under the floor) stays forgotten: the correction could only lower it further."""
-    delta = share.charge(tokens_used) - share.charge(share.cost)
+    used = tokens_served(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
+    delta = share.charge(used) - share.charge(share.cost)
     if delta == 0:
         return
     await async_script(client, _SETTLE)(

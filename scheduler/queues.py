@@ -110,7 +110,8 @@ _CLAIM = (
 -- KEYS: per tier, in priority order: queue, claimed, fair counters, fair active, fair floor
 -- ARGV: group, consumer, total (free slots), aged tier index (0-based, -1 for none), aging_s,
 --       fair share (1/0), the backlog's consumer, idle credit, most to sort in per tier and
---       call, then per tier: the most to take, its backlogs' key prefix
+--       call, the source a job must be under the share of ('' for any), then per tier: the
+--       most to take, its backlogs' key prefix
 local out = {}
 local group, consumer = ARGV[1], ARGV[2]
 local left = tonumber(ARGV[3])
@@ -131,20 +132,29 @@ local function sort_in(i)
   if not res then return end
   for _, entry in ipairs(res[1][2]) do
     local source = fields_of(entry[2])['source'] or entry[1]
-    if redis.call('RPUSH', ARGV[11 + 2 * i] .. source, entry[1]) == 1 then
+    if redis.call('RPUSH', ARGV[12 + 2 * i] .. source, entry[1]) == 1 then
       local start = fair_start(key(i, 3), key(i, 4), key(i, 5), source, credit)
       redis.call('ZADD', key(i, 4), start, source)
     end
   end
 end
 -- Up to `count` jobs of tier i, each the next of the waiting source served least.
+local over = ARGV[10]
+local function counter_of(i, source)
+  return tonumber(redis.call('ZSCORE', key(i, 4), source))
+         or tonumber(redis.call('ZSCORE', key(i, 3), source))
+end
 local function take_fair(i, count)
   local taken = 0
   while taken < count do
-    local low = redis.call('ZRANGE', key(i, 4), 0, 0)
+    local low = redis.call('ZRANGE', key(i, 4), 0, 0, 'WITHSCORES')
     if #low == 0 then break end
     local source = low[1]
-    local backlog = ARGV[11 + 2 * i] .. source
+    -- Taken to pause an answer of `over` for: only a source served less than it.
+    if over ~= '' and (source == over or tonumber(low[2]) >= (counter_of(i, over) or -math.huge)) then
+      break
+    end
+    local backlog = ARGV[12 + 2 * i] .. source
     local id = redis.call('LPOP', backlog)
     -- Only an entry the backlog still holds: one handed to a worker otherwise is not taken.
     if id and #redis.call('XPENDING', key(i, 1), group, id, id, 1, backlog_consumer) > 0 then
@@ -197,7 +207,7 @@ end
 local order = {}
 for i = 0, tiers - 1 do
   order[#order + 1] = i
-  if fair and tonumber(ARGV[10 + 2 * i]) > 0 then sort_in(i) end
+  if fair and tonumber(ARGV[11 + 2 * i]) > 0 then sort_in(i) end
 end
 -- Aging: when the aged tier's oldest job has waited past aging_s, that tier goes first.
 local aged = tonumber(ARGV[4])
@@ -213,7 +223,7 @@ if aged >= 0 then
   end
 end
 for _, i in ipairs(order) do
-  local count = math.min(tonumber(ARGV[10 + 2 * i]), left)
+  local count = math.min(tonumber(ARGV[11 + 2 * i]), left)
   if count > 0 then
     if fair then left = left - take_fair(i, count) else left = left - take_in_order(i, count) end
   end
@@ -337,7 +347,7 @@ class Job:
             share=FairShare(
                 source=fields.get("source", entry_id),
                 weight=float(fields.get("weight", 1.0)),
-                cost=int(fields.get("cost", 0)),
+                cost=float(fields.get("cost", 0)),
             ),
             attempt=attempt,
         )
@@ -506,10 +516,18 @@ class JobQueue:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    async def claim(self, *, total: int, per_tier: dict[str, int], aging_s: float | None = None) -> list[Job]:
+    async def claim(
+        self,
+        *,
+        total: int,
+        per_tier: dict[str, int],
+        aging_s: float | None = None,
+        under_share_of: str = "",
+    ) -> list[Job]:
         """Claim up to `total` new jobs, taking tiers in the order of keys.TIERS and at most
         per_tier[tier] from each; a normal job waiting over `aging_s` goes before VIP. Inside a
-        tier, with fair share, each job is the next of the waiting source served least."""
+        tier, with fair share, each job is the next of the waiting source served least; with
+        `under_share_of` (a source), only if that source was served less than this one."""
         tier_keys: list[str] = []
         tier_args: list[object] = []
         for tier in keys.TIERS:
@@ -533,6 +551,7 @@ class JobQueue:
                 keys.FAIR_SHARE_CONSUMER,
                 fair_share.idle_credit(),
                 SORT_IN_PER_CALL,
+                under_share_of,
                 *tier_args,
             ],
         )

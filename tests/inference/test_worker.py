@@ -18,13 +18,22 @@ from asgiref.sync import async_to_sync, sync_to_async
 from inference import worker as worker_module
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 from inference.engines.simulated import SimulatedEngine, simulated_answer_tokens
-from inference.metrics import PREEMPTIONS
+from inference.metrics import FAIR_SHARE_PREEMPTIONS, PREEMPTIONS
 from inference.worker import InferenceWorker, WorkerConfig, _Running
 from scheduler import control, keys
 from scheduler.admission import request_submit
 from scheduler.fair_share import FairShare
-from scheduler.generation import Grounding, GroundingSource, Reset, SamplingParams, StructuredOutput, Tier
-from scheduler.models import Generation, WarmPool
+from scheduler.generation import (
+    Grounding,
+    GroundingSource,
+    Origin,
+    Reset,
+    SamplingParams,
+    StructuredOutput,
+    Tier,
+)
+from scheduler.models import Generation, TierPolicy, WarmPool
+from scheduler.policy import policies_mirror
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import new_async_redis, sync_redis
 from scheduler.results import ResultPublisher
@@ -745,6 +754,67 @@ def test_a_vip_job_cancelled_while_it_waits_out_its_grace_ends_at_once_and_pause
     assert _preemptions() == before
     assert Generation.objects.get(request_id=normal).status == "done"
     assert (_pending(Tier.NORMAL), _pending(Tier.VIP)) == (0, 0)
+
+
+def _fair_share_preemptions() -> float:
+    return sum(
+        sample.value
+        for sample in FAIR_SHARE_PREEMPTIONS.collect()[0].samples
+        if sample.name.endswith("_total")
+    )
+
+
+def _customer_after_flood(*, fair_share_preemption: bool) -> tuple[list[str], str]:
+    """Two slots, both held by a key's long answers with two more of its jobs waiting; a chat
+    customer's job queued once they are under way. Returns (the key's, the customer's) request
+    ids once every answer is done."""
+    engine = SimulatedEngine(
+        max_num_seqs=2, prefill_s_per_token=0.0, decode_base_s=0.05, decode_per_seq_s=0.0, output_tokens=40
+    )
+    worker = _worker(engine, vip_reserved_slots=0, fair_share_preemption=fair_share_preemption)
+    TierPolicy.objects.filter(tier=Tier.NORMAL).update(max_concurrent_per_user=4)
+    policies_mirror()
+    flood = []
+    for _ in range(4):
+        job = generation_job(client_id="key:flood", origin=Origin.API, disconnect_grace_s=30.0, max_tokens=64)
+        request_submit(job=job)
+        flood.append(job.request_id)
+
+    async def scenario() -> str:
+        running = asyncio.create_task(worker.run())
+        try:
+            await _until(lambda: all(_kinds(r).count("token") >= 2 for r in flood[:2]), "the key's answers")
+            customer = generation_job(client_id="guest:a", disconnect_grace_s=30.0)
+            await sync_to_async(request_submit)(job=customer)
+            await _until(
+                lambda: all(_kinds(r)[-1:] == ["done"] for r in [*flood, customer.request_id]), "all"
+            )
+            return customer.request_id
+        finally:
+            worker.drain()
+            await running
+
+    return flood, async_to_sync(scenario)()
+
+
+def test_a_customer_under_its_share_pauses_the_flooding_key_s_youngest_answer():
+    before = _fair_share_preemptions()
+    flood, customer = _customer_after_flood(fair_share_preemption=True)
+    assert _first_token_ms(customer) < min(_done_ms(r) for r in flood[:2])  # no long answer ended first
+    assert _first_token_ms(customer) < _first_token_ms(flood[2])  # nor did the key's next job go first
+    assert _fair_share_preemptions() == before + 1
+    for request_id in flood:  # the paused answer went on where it was: each whole, once
+        answer = Generation.objects.get(request_id=request_id)
+        assert (answer.status, answer.completion_tokens) == ("done", 40)
+        assert "reset" not in _kinds(request_id)
+
+
+def test_without_fair_share_preemption_the_customer_takes_the_next_slot_to_turn_over():
+    before = _fair_share_preemptions()
+    flood, customer = _customer_after_flood(fair_share_preemption=False)
+    assert _first_token_ms(customer) > min(_done_ms(r) for r in flood[:2])
+    assert _first_token_ms(customer) <= _first_token_ms(flood[2])  # not after the key's next job
+    assert _fair_share_preemptions() == before
 
 
 # --- the warm pool ------------------------------------------------------------------------------

@@ -121,7 +121,12 @@ def test_an_answer_shorter_than_its_most_is_charged_what_it_used():
         client = new_async_redis()
         try:
             await fair_share_settle(
-                client, model=MODEL, tier="normal", share=FairShare.of(used_little), tokens_used=10
+                client,
+                model=MODEL,
+                tier="normal",
+                share=FairShare.of(used_little),
+                prompt_tokens=4,
+                completion_tokens=10,
             )
         finally:
             await client.aclose()
@@ -179,3 +184,23 @@ def test_jobs_waiting_their_turn_are_not_taken_over_as_expired_leases():
     assert claimed == ["r0"]
     assert taken_over == ["r0"]  # the claimed one's lease (0 s) expired; r1, r2 still wait
     assert sync_redis().llen(keys.fair_backlog_prefix(MODEL, "normal") + "api:key:1") == 2
+
+
+def test_a_job_taken_to_pause_an_answer_for_must_be_of_a_source_served_less():
+    for n in range(3):
+        _enqueue(f"flood-{n}", client_id="key:1", origin=Origin.API)
+    assert _claims(one_at_a_time=2) == ["flood-0", "flood-1"]
+
+    async def claim_under(source: str) -> list[str]:
+        client = new_async_redis()
+        queue = JobQueue(client, model=MODEL, consumer="w1", fair_share=True)
+        try:
+            jobs = await queue.claim(total=1, per_tier={"normal": 1}, under_share_of=source)
+            return [job.request_id for job in jobs]
+        finally:
+            await client.aclose()
+
+    # The key's own next job is never taken to pause its answer for.
+    assert asyncio.run(claim_under("api:key:1")) == []
+    _enqueue("chat-0", client_id="guest:a")
+    assert asyncio.run(claim_under("api:key:1")) == ["chat-0"]
