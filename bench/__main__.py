@@ -1,7 +1,7 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
 Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, cache,
-autoscale, quality, peer, control, post, experiment, fairness (see docs/BENCHMARKS.md).
+autoscale, quality, peer, control, post, experiment, fairness, affinity (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -121,6 +121,7 @@ def main() -> None:
             "post",
             "experiment",
             "fairness",
+            "affinity",
         ],
     )
     parser.add_argument(
@@ -129,6 +130,7 @@ def main() -> None:
     parser.add_argument(
         "--rounds", type=int, default=3, help="overhead, peer, control: interleaved rounds; fairness: runs"
     )
+    parser.add_argument("--conversations", type=int, default=12, help="affinity: conversations per mode")
     parser.add_argument("--pairs", type=int, default=12, help="overhead: one-at-a-time pairs per round")
     parser.add_argument("--input-len", type=int, default=128, help="peer: the random dataset's prompt tokens")
     parser.add_argument("--output-len", type=int, default=64, help="peer: tokens per answer")
@@ -309,7 +311,7 @@ def main() -> None:
     import django
 
     django.setup()
-    from bench import autoscale, fairness, peer, plots, scenarios, soak
+    from bench import affinity, autoscale, fairness, peer, plots, scenarios, soak
 
     plots.pyplot()  # without matplotlib, stop now rather than after the run
 
@@ -391,6 +393,19 @@ def main() -> None:
         name = "fairness"
         png = plots.fairness(report, args.out / f"{name}.png")
         _print_fairness(report)
+    elif args.scenario == "affinity":
+        report = affinity.affinity(runs=args.rounds, conversations=args.conversations)
+        name, png = "affinity", None
+        for n, run in enumerate(report["runs"], 1):
+            for mode, phase in run.items():
+                later, every = phase["ttft_later_turns_s"], phase["ttft_all_turns_s"]
+                rate = phase["prefix_cache_hit_rate"]
+                print(
+                    f"run {n} {mode:<8} turns {phase['turns']:3}"
+                    f"  TTFT of turns 2+ p50 {later['p50'] or 0:5.2f} s"
+                    f" p99 {later['p99'] or 0:5.2f} s  every turn p99 {every['p99'] or 0:5.2f} s"
+                    f"  prefix-cache hits {'-' if rate is None else f'{rate:.1%}'}"
+                )
     elif args.scenario == "peer":
         report = peer.peer(
             rounds=args.rounds, concurrencies=[1, 16], input_len=args.input_len, output_len=args.output_len

@@ -396,6 +396,12 @@ FAIR_SHARE_PROMPT_TOKEN_WEIGHT = env_float("FAIR_SHARE_PROMPT_TOKEN_WEIGHT", 0.2
 # With every slot busy, a job of a source served less pauses the youngest answer of the source
 # holding the most slots (it resumes from its streamed text), instead of waiting for one to end.
 FAIR_SHARE_PREEMPTION = env_bool("FAIR_SHARE_PREEMPTION", True)
+# With several workers for a model, a conversation's next turn is left this long for the worker
+# that answered its previous one (its prefix cache holds the conversation) before any worker
+# takes it; 0: no affinity. A worker that drains or stops heartbeating loses it at once.
+AFFINITY_WAIT_S = env_float("AFFINITY_WAIT_S", 0.25)
+# How long a conversation remembers the worker of its latest turn.
+AFFINITY_TTL_S = env_int("AFFINITY_TTL_S", 3600)
 # A normal request waiting longer than this is claimed before VIP ones (no starvation).
 NORMAL_AGING_S = env_float("NORMAL_AGING_S", 20.0)
 # Batch jobs (submit-then-poll) never hold more than this many slots of a worker.

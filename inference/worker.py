@@ -172,6 +172,7 @@ class InferenceWorker:
         self.running: dict[str, _Running] = {}
         self.draining = False
         self.spare = False  # a warm spare: engine loaded, claiming nothing (scheduler/warmpool.py)
+        self.serving_workers = 1  # the model's, as of the last heartbeat (this one among them)
         self.fatal: BaseException | None = None
         self.mean_service_s = config.service_time_prior_s  # smoothed over finished answers
         self._slot_freed = asyncio.Event()
@@ -218,6 +219,8 @@ class InferenceWorker:
                 ]
             ]
             await self._claim_loop()
+            # Draining: its conversations' next turns go to the other workers at once.
+            await self._serving_update()
             await self._finish_running()
         except RedisGaveUp:
             logger.warning("worker %s: Redis unavailable while stopping; exiting anyway", self.worker_id)
@@ -475,12 +478,20 @@ class InferenceWorker:
         if not jobs and room[Tier.NORMAL] == 0:
             # The free slots are VIP's reserve: a source under its share may still take one.
             jobs = await self._claim_over_share()
-        if not jobs:
+        if not jobs and self._affinity_applies():
+            # A blocking read would take a new turn straight off the stream, whichever worker
+            # has its conversation: with another worker serving, look again soon instead.
+            await self._wait(self._stopped, BUSY_CLAIM_BLOCK_S)
+        elif not jobs:
             tiers = [tier for tier, count in room.items() if count > 0]
             # A blocking read cannot see a slot free: with answers under way it blocks briefly.
             block_s = BUSY_CLAIM_BLOCK_S if self._active() else 1.0
             jobs = await self.queue.claim_blocking(tiers, timeout_s=block_s)
         return jobs
+
+    def _affinity_applies(self) -> bool:
+        """Whether a conversation's turn may be left to another worker (scheduler.queues)."""
+        return self.queue.fair_share and settings.AFFINITY_WAIT_S > 0 and self.serving_workers > 1
 
     async def _unless_stopped(self, claim: Coroutine[Any, Any, list[Job]]) -> list[Job]:
         """Claim, unless told to stop first: an unresponsive Redis can hold a call for many
@@ -802,6 +813,7 @@ class InferenceWorker:
             serves = await warmpool.serving_decide(
                 client, model=self.config.model, worker_id=self.worker_id, needed=needed
             )
+            self.serving_workers = await warmpool.serving_count(client, model=self.config.model)
         except (*REDIS_ERRORS, DatabaseError) as exc:
             # The last decision stands until a check succeeds.
             logger.warning("worker %s: warm pool check failed (%s)", self.worker_id, exc)
@@ -839,6 +851,8 @@ class InferenceWorker:
                 "memory_used_bytes": stats.memory_used_bytes,
                 "memory_total_bytes": stats.memory_total_bytes,
                 "memory_source": stats.memory_source,
+                "prefix_cache_queries": stats.prefix_cache_queries,
+                "prefix_cache_hits": stats.prefix_cache_hits,
                 "mean_service_s": round(self.mean_service_s, 3),
             }
             normal_slots = self.slots - self.config.vip_reserved_slots

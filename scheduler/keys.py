@@ -53,6 +53,12 @@ def fair_floor(model: str, tier: str) -> str:
     return f"llm:{{{model}}}:fair:{tier}:floor"
 
 
+def affinity_prefix(model: str) -> str:
+    """String per conversation (the prefix + its id), expiring: the worker that claimed its
+    latest turn, which the claim prefers for the next one. The claim script names these keys."""
+    return f"llm:{{{model}}}:affinity:"
+
+
 def capacity(model: str) -> str:
     """Hash: worker id -> "jobs/s all tiers|jobs/s normal|unix time", for wait predictions."""
     return f"llm:{{{model}}}:capacity"

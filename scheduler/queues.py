@@ -76,14 +76,14 @@ _ENQUEUE = (
 --       higher tier, then the rate limit's keys when the request is charged here
 -- ARGV: max_queued, wait_slo_s, stale_s, min_rate, result_ttl_s, tier, request_id, job,
 --       max_wait_s, arrivals_ttl_s, number of higher tiers, the job's fair-share source, weight
---       and charge at claim, then the rate limit's arguments
+--       and charge at claim, its conversation ('' for none), then the rate limit's arguments
 -- Returns {admitted, queued, wait, entry id or refusal, the rate limit's reply ({}: not
 -- charged)}. Every check comes before any write, so a refusal charges nothing.
 local t = now()
 local charged = 7 + 2 * tonumber(ARGV[11])
 local decision, levels = {}, {}
 if #KEYS >= charged then
-  decision, levels = rate_limit_check(t, charged, 15)
+  decision, levels = rate_limit_check(t, charged, 16)
   if decision[1] ~= 1 then return {0, 0, '0', 'rate_limited', rate_limit_reply(decision, levels)} end
 end
 local own = queued(KEYS[2], KEYS[3])
@@ -91,11 +91,12 @@ local wait = ahead(KEYS[2], KEYS[3], 7, charged - 1)
   / drain_rate(KEYS[4], ARGV[6], t, tonumber(ARGV[3]), tonumber(ARGV[4]))
 if own >= tonumber(ARGV[1]) then return {0, own, tostring(wait), 'queue_full', {}} end
 if wait > tonumber(ARGV[2]) then return {0, own, tostring(wait), 'wait_over_slo', {}} end
-if #KEYS >= charged then rate_limit_charge(t, charged, 15, levels) end
+if #KEYS >= charged then rate_limit_charge(t, charged, 16, levels) end
 local seq = redis.call('INCR', KEYS[2])
 local id = redis.call('XADD', KEYS[1], '*', 'seq', seq, 'enqueued_at', tostring(t),
                       'deadline', tostring(t + tonumber(ARGV[9])), 'request_id', ARGV[7],
-                      'job', ARGV[8], 'source', ARGV[12], 'weight', ARGV[13], 'cost', ARGV[14])
+                      'job', ARGV[8], 'source', ARGV[12], 'weight', ARGV[13], 'cost', ARGV[14],
+                      'affinity', ARGV[15])
 redis.call('XADD', KEYS[5], '*', 'type', 'queued', 'data', cjson.encode({seq = seq, tier = ARGV[6]}))
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
 redis.call('INCR', KEYS[6])
@@ -107,17 +108,25 @@ return {1, own + 1, tostring(wait), id, rate_limit_reply(decision, levels)}
 _CLAIM = (
     fair_share.LUA
     + """
--- KEYS: per tier, in priority order: queue, claimed, fair counters, fair active, fair floor
+-- KEYS: per tier, in priority order: queue, claimed, fair counters, fair active, fair floor;
+--       then the model's serving workers (affinity)
 -- ARGV: group, consumer, total (free slots), aged tier index (0-based, -1 for none), aging_s,
 --       fair share (1/0), the backlog's consumer, idle credit, most to sort in per tier and
---       call, the source a job must be under the share of ('' for any), then per tier: the
---       most to take, its backlogs' key prefix
+--       call, the source a job must be under the share of ('' for any), the affinity keys'
+--       prefix, how long a job is left to its conversation's worker (s, 0: never), how long
+--       a conversation remembers it (s), a serving worker's heartbeat lifetime (s), then per
+--       tier: the most to take, its backlogs' key prefix
 local out = {}
 local group, consumer = ARGV[1], ARGV[2]
 local left = tonumber(ARGV[3])
 local fair = ARGV[6] == '1'
 local backlog_consumer, credit = ARGV[7], tonumber(ARGV[8])
-local tiers = #KEYS / 5
+local tiers = (#KEYS - 1) / 5
+local serving_key = KEYS[#KEYS]
+local affinity_prefix, affinity_wait = ARGV[11], tonumber(ARGV[12])
+local affinity_ttl, serving_stale_s = tonumber(ARGV[13]), tonumber(ARGV[14])
+local clock = redis.call('TIME')
+local t = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local function key(i, n) return KEYS[5 * i + n] end
 local function fields_of(f)
   local m = {}
@@ -132,7 +141,7 @@ local function sort_in(i)
   if not res then return end
   for _, entry in ipairs(res[1][2]) do
     local source = fields_of(entry[2])['source'] or entry[1]
-    if redis.call('RPUSH', ARGV[12 + 2 * i] .. source, entry[1]) == 1 then
+    if redis.call('RPUSH', ARGV[16 + 2 * i] .. source, entry[1]) == 1 then
       local start = fair_start(key(i, 3), key(i, 4), key(i, 5), source, credit)
       redis.call('ZADD', key(i, 4), start, source)
     end
@@ -144,17 +153,47 @@ local function counter_of(i, source)
   return tonumber(redis.call('ZSCORE', key(i, 4), source))
          or tonumber(redis.call('ZSCORE', key(i, 3), source))
 end
+-- Affinity: the conversation of entry `id` of tier i, and whether the entry is left a while
+-- for another worker, the one that answered the conversation's latest turn: only while that
+-- worker serves (heartbeats, neither draining nor a spare) and the entry has waited less
+-- than affinity_wait.
+local function conversation_of(i, id)
+  local entry = redis.call('XRANGE', key(i, 1), id, id)
+  if #entry == 0 then return nil end
+  local conversation = fields_of(entry[1][2])['affinity']
+  if conversation == '' then return nil end
+  return conversation
+end
+local function left_for_another(i, id)
+  if affinity_wait <= 0 or not id then return false end
+  local conversation = conversation_of(i, id)
+  if not conversation then return false end
+  local owner = redis.call('GET', affinity_prefix .. conversation)
+  if not owner or owner == consumer then return false end
+  local seen = tonumber(redis.call('ZSCORE', serving_key, owner))
+  if not seen or t - seen > serving_stale_s then return false end
+  return t - tonumber(string.match(id, '^(%d+)')) / 1000 < affinity_wait
+end
+-- The waiting source served least whose next job this worker may take now, or nil.
+local AFFINITY_LOOK = 16  -- sources looked at past those whose next job is left to another
+local function next_source(i)
+  local sources = redis.call('ZRANGE', key(i, 4), 0, AFFINITY_LOOK - 1, 'WITHSCORES')
+  for j = 1, #sources, 2 do
+    local head = redis.call('LINDEX', ARGV[16 + 2 * i] .. sources[j], 0)
+    if not left_for_another(i, head) then return sources[j], tonumber(sources[j + 1]) end
+  end
+  return nil
+end
 local function take_fair(i, count)
   local taken = 0
   while taken < count do
-    local low = redis.call('ZRANGE', key(i, 4), 0, 0, 'WITHSCORES')
-    if #low == 0 then break end
-    local source = low[1]
+    local source, counter = next_source(i)
+    if not source then break end
     -- Taken to pause an answer of `over` for: only a source served less than it.
-    if over ~= '' and (source == over or tonumber(low[2]) >= (counter_of(i, over) or -math.huge)) then
+    if over ~= '' and (source == over or counter >= (counter_of(i, over) or -math.huge)) then
       break
     end
-    local backlog = ARGV[12 + 2 * i] .. source
+    local backlog = ARGV[16 + 2 * i] .. source
     local id = redis.call('LPOP', backlog)
     -- Only an entry the backlog still holds: one handed to a worker otherwise is not taken.
     if id and #redis.call('XPENDING', key(i, 1), group, id, id, 1, backlog_consumer) > 0 then
@@ -163,6 +202,9 @@ local function take_fair(i, count)
       if entry and entry[2] then
         local f = fields_of(entry[2])
         fair_charge(key(i, 3), key(i, 4), source, tonumber(f['cost'] or 0) / tonumber(f['weight'] or 1))
+        if f['affinity'] and f['affinity'] ~= '' then
+          redis.call('SET', affinity_prefix .. f['affinity'], consumer, 'EX', affinity_ttl)
+        end
         out[#out + 1] = {i, entry[1], entry[2]}
         taken = taken + 1
       end
@@ -207,7 +249,7 @@ end
 local order = {}
 for i = 0, tiers - 1 do
   order[#order + 1] = i
-  if fair and tonumber(ARGV[11 + 2 * i]) > 0 then sort_in(i) end
+  if fair and tonumber(ARGV[15 + 2 * i]) > 0 then sort_in(i) end
 end
 -- Aging: when the aged tier's oldest job has waited past aging_s, that tier goes first.
 local aged = tonumber(ARGV[4])
@@ -223,7 +265,7 @@ if aged >= 0 then
   end
 end
 for _, i in ipairs(order) do
-  local count = math.min(tonumber(ARGV[11 + 2 * i]), left)
+  local count = math.min(tonumber(ARGV[15 + 2 * i]), left)
   if count > 0 then
     if fair then left = left - take_fair(i, count) else left = left - take_in_order(i, count) end
   end
@@ -237,8 +279,9 @@ _RECORD_CLAIM = (
     + """
 -- A job claimed by a blocking read (its tier had nothing waiting) moves its tier's claimed
 -- counter and, with fair share, is charged to its source.
--- KEYS: claimed, fair counters, fair active, fair floor
--- ARGV: seq, fair share (1/0), source, charge, idle credit
+-- KEYS: claimed, fair counters, fair active, fair floor, the conversation's affinity ('' none)
+-- ARGV: seq, fair share (1/0), source, charge, idle credit, consumer, affinity lifetime (s)
+if KEYS[5] ~= '' then redis.call('SET', KEYS[5], ARGV[6], 'EX', tonumber(ARGV[7])) end
 if ARGV[2] == '1' then
   redis.call('INCR', KEYS[1])
   fair_start(KEYS[2], KEYS[3], KEYS[4], ARGV[3], tonumber(ARGV[5]))
@@ -416,6 +459,7 @@ def job_enqueue(
             share.source,
             share.weight,
             share.cost,
+            job.conversation_id or "",
             *(charge.script_args() if charge else []),
         ],
     )
@@ -527,7 +571,9 @@ class JobQueue:
         """Claim up to `total` new jobs, taking tiers in the order of keys.TIERS and at most
         per_tier[tier] from each; a normal job waiting over `aging_s` goes before VIP. Inside a
         tier, with fair share, each job is the next of the waiting source served least; with
-        `under_share_of` (a source), only if that source was served less than this one."""
+        `under_share_of` (a source), only if that source was served less than this one. A
+        conversation's turn is left up to AFFINITY_WAIT_S to the serving worker that claimed
+        its previous one (the sources after it go first meanwhile)."""
         tier_keys: list[str] = []
         tier_args: list[object] = []
         for tier in keys.TIERS:
@@ -540,7 +586,7 @@ class JobQueue:
             ]
             tier_args += [per_tier.get(tier, 0), keys.fair_backlog_prefix(self.model, tier)]
         reply = await self._claim(
-            keys=tier_keys,
+            keys=[*tier_keys, keys.serving(self.model)],
             args=[
                 keys.CONSUMER_GROUP,
                 self.consumer,
@@ -552,6 +598,10 @@ class JobQueue:
                 fair_share.idle_credit(),
                 SORT_IN_PER_CALL,
                 under_share_of,
+                keys.affinity_prefix(self.model),
+                settings.AFFINITY_WAIT_S,
+                settings.AFFINITY_TTL_S,
+                settings.WORKER_HEARTBEAT_TTL_S,
                 *tier_args,
             ],
         )
@@ -580,6 +630,7 @@ class JobQueue:
                             keys.fair_counters(self.model, tier),
                             keys.fair_active(self.model, tier),
                             keys.fair_floor(self.model, tier),
+                            self._affinity_key(job),
                         ],
                         args=[
                             job.seq,
@@ -587,6 +638,8 @@ class JobQueue:
                             job.share.source,
                             job.share.charge(job.share.cost),
                             fair_share.idle_credit(),
+                            self.consumer,
+                            settings.AFFINITY_TTL_S,
                         ],
                     )
                 )
@@ -594,6 +647,10 @@ class JobQueue:
                 recording.add_done_callback(self._recorded)
                 jobs.append(job)
         return jobs
+
+    def _affinity_key(self, job: Job) -> str:
+        conversation = job.generation.conversation_id
+        return keys.affinity_prefix(self.model) + conversation if conversation else ""
 
     async def recordings_wait(self, timeout_s: float = 1.0) -> None:
         """Wait a moment for the claimed counters still being written (before the client

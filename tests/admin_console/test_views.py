@@ -133,6 +133,7 @@ def test_the_dashboard_shows_queues_and_workers(client_staff):
     assert 'id="queue-depth-total" data-value="3"' in html
     assert worker_id in html
     assert "engine process, no GPU" in html
+    assert "75.0%" in html  # of the prompt tokens looked up, those in the prefix cache
     assert 'hx-trigger="every 2s' in html
 
 
