@@ -817,6 +817,56 @@ def test_without_fair_share_preemption_the_customer_takes_the_next_slot_to_turn_
     assert _fair_share_preemptions() == before
 
 
+# --- affinity: a conversation's turns on one worker ------------------------------------------
+
+
+def _turn(conversation: str) -> str:
+    job = dataclasses.replace(generation_job(disconnect_grace_s=10.0), conversation_id=conversation)
+    request_submit(job=job)
+    return job.request_id
+
+
+def _answered_by(request_id: str) -> str:
+    return next(data["worker"] for kind, data in _events(request_id) if kind == "start")
+
+
+def test_a_conversation_s_turns_go_to_the_worker_that_answered_its_first_until_it_drains(settings):
+    settings.AFFINITY_WAIT_S = 30.0  # far longer than a turn takes: only affinity decides here
+
+    def engine() -> SimulatedEngine:
+        return SimulatedEngine(
+            max_num_seqs=4, prefill_s_per_token=0.0, decode_base_s=0.01, decode_per_seq_s=0.0, output_tokens=4
+        )
+
+    workers = [_worker(engine(), vip_reserved_slots=0, heartbeat_s=0.1) for _ in range(2)]
+
+    async def scenario() -> tuple[str, list[str], str]:
+        running = [asyncio.create_task(worker.run()) for worker in workers]
+        try:
+            await _until(lambda: all(w.serving_workers == 2 for w in workers), "both to see the other serve")
+            first = await sync_to_async(_turn)("conversation-a")
+            await _until(lambda: _kinds(first)[-1:] == ["done"], "the first turn")
+            later = []
+            for _ in range(3):
+                turn = await sync_to_async(_turn)("conversation-a")
+                await _until(lambda turn=turn: _kinds(turn)[-1:] == ["done"], "a later turn")
+                later.append(_answered_by(turn))
+            owner = next(w for w in workers if w.worker_id == _answered_by(first))
+            owner.drain()
+            after_drain = await sync_to_async(_turn)("conversation-a")
+            # Well within the 30 s it would be left to a serving worker.
+            await _until(lambda: _kinds(after_drain)[-1:] == ["done"], "the turn after the drain")
+            return _answered_by(first), later, _answered_by(after_drain)
+        finally:
+            for worker in workers:
+                worker.drain()
+            await asyncio.gather(*running)
+
+    first, later, after_drain = async_to_sync(scenario)()
+    assert later == [first] * 3
+    assert after_drain != first
+
+
 # --- the warm pool ------------------------------------------------------------------------------
 
 
