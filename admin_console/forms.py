@@ -14,6 +14,7 @@ from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS, VARIANT_FI
 from api.models import ApiKey
 from chat.models import AgentProfile, HandoffSettings
 from knowledge.models import Article
+from scheduler.generation import Origin
 from scheduler.models import TierPolicy, Variant
 
 
@@ -183,8 +184,24 @@ class ApiKeyCreateForm(forms.Form):
 class ApiKeyLimitsForm(forms.ModelForm):
     class Meta:
         model = ApiKey
-        fields = ("requests_per_minute", "tokens_per_minute")
-        labels = {"requests_per_minute": "Requests/min", "tokens_per_minute": "Tokens/min"}
+        fields = ("requests_per_minute", "tokens_per_minute", "fair_share_weight")
+        labels = {
+            "requests_per_minute": "Requests/min",
+            "tokens_per_minute": "Tokens/min",
+            "fair_share_weight": "Share weight",
+        }
+
+
+class SourceWeightsForm(forms.Form):
+    """The fair share's weight of each origin: how many tokens one of its sources is served for
+    each token of a source of weight 1 while both wait in a tier."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for origin in Origin:
+            self.fields[str(origin)] = forms.FloatField(
+                label=f"{origin.label} weight", min_value=0.01, max_value=100.0
+            )
 
 
 class ArticleForm(forms.ModelForm):

@@ -15,7 +15,7 @@ from admin_console.models import AuditLog, CanaryRollout, QualityRun
 from chat.models import Message
 from knowledge.models import CachedAnswer
 from knowledge.quality import VariantSettings
-from scheduler import keys, timeseries
+from scheduler import fair_share, keys, timeseries
 from scheduler.autoscale import workers_desired
 from scheduler.generation import Origin
 from scheduler.models import CacheResult, CanaryRouting, Experiment, Generation, TierPolicy, Variant
@@ -50,6 +50,8 @@ class WorkerRow:
     paused: int  # answers paused for a VIP one, to resume where they were
     vip_waiting: bool  # a VIP job claimed, waiting for a slot to turn over or be freed for it
     kv_cache_usage: float | None  # 0..1
+    # Share of prompt tokens found in the engine's prefix cache since it started; None: no lookups.
+    prefix_cache_hit_rate: float | None
     memory_used_bytes: int | None
     memory_total_bytes: int | None
     on_gpu: bool  # else the memory shown is the engine process's resident memory
@@ -70,6 +72,11 @@ class WorkerRow:
             paused=state.get("paused", 0),
             vip_waiting=bool(state.get("vip_waiting")),
             kv_cache_usage=state.get("kv_cache_usage"),
+            prefix_cache_hit_rate=(
+                state["prefix_cache_hits"] / state["prefix_cache_queries"]
+                if state.get("prefix_cache_queries")
+                else None
+            ),
             memory_used_bytes=state.get("memory_used_bytes"),
             memory_total_bytes=state.get("memory_total_bytes"),
             on_gpu=state.get("memory_source") == "cuda",
@@ -500,6 +507,11 @@ def automatic_rollback_alert() -> CanaryRollout | None:
 def tier_policies() -> list[TierPolicy]:
     order = {tier: index for index, tier in enumerate(keys.TIERS)}
     return sorted(TierPolicy.objects.all(), key=lambda policy: order.get(policy.tier, len(order)))
+
+
+def source_weights() -> dict[str, float]:
+    """The fair share's weight of each origin (1 when never set), in the origins' order."""
+    return fair_share.weights_stored()
 
 
 def audit_entries(*, limit: int = 200) -> QuerySet[AuditLog]:

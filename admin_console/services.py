@@ -40,8 +40,8 @@ from knowledge.quality import (
     conversations_load,
     queue_answerer,
 )
-from scheduler import control
-from scheduler.models import CanaryRouting, Experiment, TierPolicy, Variant, WarmPool
+from scheduler import control, fair_share
+from scheduler.models import CanaryRouting, Experiment, SourceWeight, TierPolicy, Variant, WarmPool
 from scheduler.policy import policies_mirror
 from scheduler.routing import canary_mirror, experiment_mirror
 from scheduler.warmpool import spares_mirror
@@ -120,6 +120,33 @@ def policy_update(*, actor: User, tier: str, changes: dict[str, Any]) -> TierPol
         _audit(actor=actor, action=AuditLog.Action.POLICY_UPDATE, target=tier, before=before, after=after)
     policies_mirror()
     return policy
+
+
+FAIR_SHARE_TARGET = "fair share"  # the audit log's name for the weights per origin
+
+
+def source_weights_set(*, actor: User, weights: dict[str, float]) -> bool:
+    """Set the fair share's weight of each origin named in `weights` (scheduler/fair_share.py);
+    every web process applies it within a second. False when nothing changed. Raises
+    ValidationError."""
+    with transaction.atomic():
+        before = selectors.source_weights()
+        changed = {origin: weight for origin, weight in weights.items() if before.get(origin) != weight}
+        if not changed:
+            return False
+        for origin, weight in changed.items():
+            row = SourceWeight(origin=origin, weight=weight)
+            row.full_clean(validate_unique=False)
+            row.save()
+        _audit(
+            actor=actor,
+            action=AuditLog.Action.POLICY_UPDATE,
+            target=FAIR_SHARE_TARGET,
+            before=before,
+            after=before | changed,
+        )
+    fair_share.weights_forget()
+    return True
 
 
 # --- model variants ---------------------------------------------------------------------------------
@@ -593,6 +620,7 @@ def _api_key_limit_values(api_key: ApiKey) -> dict[str, Any]:
     return {
         "requests_per_minute": api_key.requests_per_minute,
         "tokens_per_minute": api_key.tokens_per_minute,
+        "fair_share_weight": api_key.fair_share_weight,
     }
 
 
@@ -628,21 +656,27 @@ def api_key_revoke(*, actor: User | None, api_key: ApiKey) -> bool:
 
 
 def api_key_limits_set(
-    *, actor: User | None, api_key: ApiKey, requests_per_minute: int | None, tokens_per_minute: int | None
+    *,
+    actor: User | None,
+    api_key: ApiKey,
+    requests_per_minute: int | None,
+    tokens_per_minute: int | None,
+    fair_share_weight: float | None,
 ) -> bool:
-    """Set the key's own limits (None: unlimited); they apply to its next request, since
-    admission reads them from the key each time. False when nothing changed. Raises
-    ValidationError."""
+    """Set the key's own limits (None: unlimited) and its fair-share weight (None: the API's);
+    they apply to its next request, since admission reads them from the key each time. False
+    when nothing changed. Raises ValidationError."""
     with transaction.atomic():
         locked = ApiKey.objects.select_for_update().get(pk=api_key.pk)
         before = _api_key_limit_values(locked)
         locked.requests_per_minute = requests_per_minute
         locked.tokens_per_minute = tokens_per_minute
+        locked.fair_share_weight = fair_share_weight
         locked.full_clean(validate_unique=False, validate_constraints=False)
         after = _api_key_limit_values(locked)
         if after == before:
             return False
-        locked.save(update_fields=["requests_per_minute", "tokens_per_minute"])
+        locked.save(update_fields=["requests_per_minute", "tokens_per_minute", "fair_share_weight"])
         _audit(
             actor=actor,
             action=AuditLog.Action.API_KEY_LIMITS,
@@ -652,6 +686,7 @@ def api_key_limits_set(
             unattended_by=COMMAND_LINE_ACTOR_NAME,
         )
     api_key.requests_per_minute, api_key.tokens_per_minute = requests_per_minute, tokens_per_minute
+    api_key.fair_share_weight = fair_share_weight
     return True
 
 

@@ -10,6 +10,7 @@ urlpatterns = [
     path("workers/<str:worker_id>/drain", views.worker_drain, name="worker_drain"),
     path("workers/spares", views.warm_spares, name="warm_spares"),
     path("limits", views.limits, name="limits"),
+    path("limits/fair-share", views.source_weights_update, name="source_weights_update"),
     path("limits/<str:tier>", views.limit_update, name="limit_update"),
     path("variants", views.variants, name="variants"),
     path("variants/new", views.variant_create, name="variant_create"),

@@ -23,6 +23,7 @@ from admin_console.forms import (
     CanarySplitForm,
     CanaryStartForm,
     QualityRunForm,
+    SourceWeightsForm,
     TierPolicyForm,
     VariantForm,
     WarmSparesForm,
@@ -218,10 +219,44 @@ def _policy_forms(bound: TierPolicyForm | None = None) -> list[TierPolicyForm]:
     ]
 
 
+def _limits_page(
+    request: HttpRequest,
+    *,
+    policy_form: TierPolicyForm | None = None,
+    weights_form: SourceWeightsForm | None = None,
+    status: int = 200,
+) -> HttpResponse:
+    context = {
+        "forms": _policy_forms(policy_form),
+        "weights_form": weights_form or SourceWeightsForm(initial=selectors.source_weights()),
+    }
+    return _render(request, "admin_console/limits.html", "limits", context, status=status)
+
+
 @require_GET
 @staff_required
 def limits(request: HttpRequest) -> HttpResponse:
-    return _render(request, "admin_console/limits.html", "limits", {"forms": _policy_forms()})
+    return _limits_page(request)
+
+
+@require_POST
+@staff_required
+def source_weights_update(request: HttpRequest) -> HttpResponse:
+    form = SourceWeightsForm(request.POST)
+    if form.is_valid():
+        try:
+            changed = services.source_weights_set(actor=request.user, weights=form.cleaned_data)
+        except ValidationError as exc:
+            form.add_error(None, exc)
+        else:
+            messages.success(
+                request,
+                "The fair share's weights are saved and apply within a second."
+                if changed
+                else "The fair share kept its weights.",
+            )
+            return redirect("console:limits")
+    return _limits_page(request, weights_form=form, status=400)
 
 
 @require_POST
@@ -242,7 +277,7 @@ def limit_update(request: HttpRequest, tier: str) -> HttpResponse:
                 request, f"The {policy.get_tier_display()} policy is saved and applies within a second."
             )
             return redirect("console:limits")
-    return _render(request, "admin_console/limits.html", "limits", {"forms": _policy_forms(form)}, status=400)
+    return _limits_page(request, policy_form=form, status=400)
 
 
 # --- canary ------------------------------------------------------------------------------------
@@ -460,6 +495,7 @@ def api_key_limits(request: HttpRequest, key_id: int) -> HttpResponse:
         api_key=api_key,
         requests_per_minute=form.cleaned_data["requests_per_minute"],
         tokens_per_minute=form.cleaned_data["tokens_per_minute"],
+        fair_share_weight=form.cleaned_data["fair_share_weight"],
     )
     notice = f"Limits of {api_key.prefix}… saved." if changed else f"{api_key.prefix}… kept its limits."
     return _api_keys_section(request, notice=notice)

@@ -7,7 +7,7 @@ tables (`db_table`).
 
 import uuid
 
-from django.core.validators import MinValueValidator
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 
 from accounts.models import ACCOUNT_TIER_CHOICES, User
@@ -38,6 +38,13 @@ class ApiKey(models.Model):
         validators=[MinValueValidator(1)],
         help_text="Prompt and completion tokens. Empty: unlimited.",
     )
+    # Its share of its tier beside other sources (scheduler/fair_share.py); empty: the API's.
+    fair_share_weight = models.FloatField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(0.01), MaxValueValidator(100.0)],
+        help_text="Share beside other sources of its tier. Empty: the API's weight.",
+    )
 
     class Meta:
         db_table = "chat_apikey"
@@ -59,7 +66,9 @@ class ApiKey(models.Model):
     @property
     def limits(self) -> KeyLimits:
         return KeyLimits(
-            requests_per_minute=self.requests_per_minute, tokens_per_minute=self.tokens_per_minute
+            requests_per_minute=self.requests_per_minute,
+            tokens_per_minute=self.tokens_per_minute,
+            fair_share_weight=self.fair_share_weight,
         )
 
 

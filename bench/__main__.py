@@ -1,7 +1,7 @@
 """`python -m bench <scenario>`: run one benchmark, print its figures, write JSON and PNGs.
 
 Scenarios: overhead, fanout, batching, idle, scheduling, soak, console, retrieval, cache,
-autoscale, quality, peer, control, post, experiment (see docs/BENCHMARKS.md).
+autoscale, quality, peer, control, post, experiment, fairness, affinity (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations
@@ -56,6 +56,36 @@ def _print_soak(report: dict) -> None:
         )
 
 
+def _print_fairness(report: dict) -> None:
+    def ttft(phase: dict) -> str:
+        d = phase["chat_ttft_s"]
+        return f"{d['p50'] or 0:5.2f} / {d['p99'] or 0:5.2f} s"
+
+    def load(phase: dict) -> str:
+        running, paused = phase["slots_running_mean"] or 0, phase["answers_paused_mean"] or 0
+        return (
+            f"slots running {running:4.1f} (paused {paused:.1f})  CPU {phase['cpu_percent_mean'] or 0:3.0f}%"
+        )
+
+    for n, run in enumerate(report["runs"], 1):
+        alone, fifo = run["alone"], run["flood_fifo"]
+        p99_alone = alone["chat_ttft_s"]["p99"]
+        print(
+            f"run {n}: alone: chat TTFT p50/p99 {ttft(alone)}  tokens/s {alone['tokens_per_s']:4.0f}"
+            f"  answers {alone['chat_answers']}  {load(alone)}"
+        )
+        for mode in ("fifo", "fair_wait", "fair"):
+            phase = run[f"flood_{mode}"]
+            throughput = phase["tokens_per_s"] / fifo["tokens_per_s"] - 1
+            print(
+                f"       flood, {mode:<9} chat TTFT p50/p99 {ttft(phase)}"
+                f"  p99 {phase['chat_ttft_s']['p99'] / p99_alone:5.2f}x alone's (target <= 1.2x)"
+                f"  tokens/s {phase['tokens_per_s']:4.0f} ({throughput:+.1%}"
+                f" vs FIFO)  answers: chat {phase['chat_answers']} key {phase['flood_answers']}"
+                f"  {load(phase)}"
+            )
+
+
 def _interval(interval: dict, *, rate: bool = True) -> str:
     if interval["value"] is None:
         return "-"
@@ -90,19 +120,26 @@ def main() -> None:
             "control",
             "post",
             "experiment",
+            "fairness",
+            "affinity",
         ],
     )
     parser.add_argument(
         "--engine", default="vllm", choices=["vllm", "simulated"], help="overhead, experiment"
     )
-    parser.add_argument("--rounds", type=int, default=3, help="overhead, peer, control: interleaved rounds")
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="overhead, peer, control: interleaved rounds; fairness: runs"
+    )
+    parser.add_argument("--conversations", type=int, default=12, help="affinity: conversations per mode")
     parser.add_argument("--pairs", type=int, default=12, help="overhead: one-at-a-time pairs per round")
     parser.add_argument("--input-len", type=int, default=128, help="peer: the random dataset's prompt tokens")
     parser.add_argument("--output-len", type=int, default=64, help="peer: tokens per answer")
     parser.add_argument("--streams", default="200,1000,2000", help="fanout: stream counts")
     parser.add_argument("--idle-streams", type=int, default=2000)
     parser.add_argument(
-        "--duration", type=float, help="seconds of traffic: scheduling (default 60), soak (default 600)"
+        "--duration",
+        type=float,
+        help="seconds of traffic: scheduling (default 60), soak (default 600), fairness (60 a phase)",
     )
     parser.add_argument(
         "--modes",
@@ -282,7 +319,20 @@ def main() -> None:
     import django
 
     django.setup()
-    from bench import autoscale, batching, console, fanout, idle, overhead, peer, plots, scheduling, soak
+    from bench import (
+        affinity,
+        autoscale,
+        batching,
+        console,
+        fairness,
+        fanout,
+        idle,
+        overhead,
+        peer,
+        plots,
+        scheduling,
+        soak,
+    )
 
     plots.pyplot()  # without matplotlib, stop now rather than after the run
 
@@ -359,6 +409,24 @@ def main() -> None:
                 f"{run['refused_after_step']['normal']}/{run['sent_after_step']['normal']}  "
                 f"failed {run['failed']}"
             )
+    elif args.scenario == "fairness":
+        report = fairness.fairness(runs=args.rounds, window_s=args.duration or 60.0)
+        name = "fairness"
+        png = plots.fairness(report, args.out / f"{name}.png")
+        _print_fairness(report)
+    elif args.scenario == "affinity":
+        report = affinity.affinity(runs=args.rounds, conversations=args.conversations)
+        name, png = "affinity", None
+        for n, run in enumerate(report["runs"], 1):
+            for mode, phase in run.items():
+                later, every = phase["ttft_later_turns_s"], phase["ttft_all_turns_s"]
+                rate = phase["prefix_cache_hit_rate"]
+                print(
+                    f"run {n} {mode:<8} turns {phase['turns']:3}"
+                    f"  TTFT of turns 2+ p50 {later['p50'] or 0:5.2f} s"
+                    f" p99 {later['p99'] or 0:5.2f} s  every turn p99 {every['p99'] or 0:5.2f} s"
+                    f"  prefix-cache hits {'-' if rate is None else f'{rate:.1%}'}"
+                )
     elif args.scenario == "peer":
         report = peer.peer(
             rounds=args.rounds, concurrencies=[1, 16], input_len=args.input_len, output_len=args.output_len

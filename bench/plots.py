@@ -304,3 +304,57 @@ def peer(report: dict, path: Path) -> Path:
         axis.legend()
     figure.suptitle(f"vllm bench serve, {report['rounds']} alternating rounds (median)")
     return _save(figure, path)
+
+
+def fairness(report: dict, path: Path) -> Path:
+    """Each source's share of the tokens delivered over time (the chat customers in blues, the
+    flooding key in orange), with plain arrival order and with fair share, from the first run;
+    beside them the customers' TTFT p50 and p99 of every run."""
+    plt = pyplot()
+    figure, axes = plt.subplots(1, 3, figsize=(16, 4.5))
+    run = report["runs"][0]
+    for axis, mode, title in (
+        (axes[0], "flood_fifo", "Arrival order"),
+        (axes[1], "flood_fair", "Fair share"),
+    ):
+        buckets = run[mode]["shares"]
+        sources = sorted({s for b in buckets for s in b["shares"]}, key=lambda s: (s == "api key", s))
+        times = [b["t"] for b in buckets]
+        colors = [
+            "tab:orange" if s == "api key" else plt.cm.Blues(0.35 + 0.6 * i / max(len(sources) - 1, 1))
+            for i, s in enumerate(sources)
+        ]
+        axis.stackplot(times, *[[b["shares"].get(s, 0.0) for b in buckets] for s in sources], colors=colors)
+        chat = [sum(v for s, v in b["shares"].items() if s != "api key") for b in buckets]
+        axis.plot(times, chat, color="black", linewidth=0.8, label="all chat customers")
+        axis.set(
+            xlabel="time (s)",
+            ylabel="share of tokens delivered",
+            ylim=(0, 1),
+            title=f"{title}: each source's share",
+        )
+        axis.legend(fontsize=7, loc="upper right")
+    ttft = axes[2]
+    labels = [
+        ("alone", "alone"),
+        ("flood_fifo", "FIFO"),
+        ("flood_fair_wait", "fair, waiting"),
+        ("flood_fair", "fair, pausing"),
+    ]
+    for q, marker in (("p50", "o"), ("p99", "s")):
+        for n, r in enumerate(report["runs"]):
+            ttft.plot(
+                [label for _, label in labels],
+                [r[mode]["chat_ttft_s"][q] for mode, _ in labels],
+                marker=marker,
+                linestyle="-" if q == "p99" else ":",
+                alpha=0.8,
+                label=f"{q} run {n + 1}",
+            )
+    ttft.set(ylabel="chat TTFT (s)", yscale="log", title="Chat customers' time to first token")
+    ttft.legend(fontsize=7)
+    figure.suptitle(
+        f"{report['customers']} chat customers beside one API key keeping {report['flood_streams']} "
+        f"requests of {report['flood_tokens']} tokens open ({report['slots']} slots, simulated engine)"
+    )
+    return _save(figure, path)

@@ -229,6 +229,7 @@ def message_post(
             model=variant.model,
             disconnect_grace_s=settings.STREAM_DISCONNECT_GRACE_S,
             grounding=plan.grounding if plan is not None else None,
+            conversation_id=str(conversation.pk),
         )
         user_message, assistant_message = Message.objects.bulk_create(
             [

@@ -404,6 +404,24 @@ GUEST_ADDRESS_BUCKET_FACTOR = env_int("GUEST_ADDRESS_BUCKET_FACTOR", 4)
 TRUSTED_PROXIES = env_list("TRUSTED_PROXIES", [])
 # Off: every tier shares the normal queue in arrival order (plain FIFO, a benchmark baseline).
 SCHEDULER_PRIORITY = env_bool("SCHEDULER_PRIORITY", True)
+# Inside each tier, share the workers' slots between sources (chat customers, API keys, batch
+# owners) by tokens served (scheduler/fair_share.py); off: arrival order.
+FAIR_SHARE = env_bool("FAIR_SHARE", True)
+# The most tokens of service a source that was idle may be ahead of the busiest-served waiting
+# one when it starts waiting again: what an idle spell banks.
+FAIR_SHARE_IDLE_CREDIT_TOKENS = env_int("FAIR_SHARE_IDLE_CREDIT_TOKENS", 256)
+# What a prompt token counts for its source's share beside an answer's token (VTC's w_p, w_q
+# being 1): prefill is batched and the help center's prefix is cached, decoding holds a slot.
+FAIR_SHARE_PROMPT_TOKEN_WEIGHT = env_float("FAIR_SHARE_PROMPT_TOKEN_WEIGHT", 0.25)
+# With every slot busy, a job of a source served less pauses the youngest answer of the source
+# holding the most slots (it resumes from its streamed text), instead of waiting for one to end.
+FAIR_SHARE_PREEMPTION = env_bool("FAIR_SHARE_PREEMPTION", True)
+# With several workers for a model, a conversation's next turn is left this long for the worker
+# that answered its previous one (its prefix cache holds the conversation) before any worker
+# takes it; 0: no affinity. A worker that drains or stops heartbeating loses it at once.
+AFFINITY_WAIT_S = env_float("AFFINITY_WAIT_S", 0.25)
+# How long a conversation remembers the worker of its latest turn.
+AFFINITY_TTL_S = env_int("AFFINITY_TTL_S", 3600)
 # A normal request waiting longer than this is claimed before VIP ones (no starvation).
 NORMAL_AGING_S = env_float("NORMAL_AGING_S", 20.0)
 # Batch jobs (submit-then-poll) never hold more than this many slots of a worker.

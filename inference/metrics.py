@@ -90,6 +90,12 @@ PREEMPTIONS = Counter(
     "the paused answer's tier.",
     LABELS,
 )
+FAIR_SHARE_PREEMPTIONS = Counter(
+    "llm_fair_share_preemptions_total",
+    "Answers paused to give their slot to a job of a source served less (fair share), by the "
+    "paused answer's tier.",
+    LABELS,
+)
 _HISTOGRAMS = (QUEUE_WAIT, TIME_TO_FIRST_TOKEN, INTER_TOKEN_LATENCY, END_TO_END_LATENCY, OUTPUT_TOKENS)
 
 
@@ -141,6 +147,7 @@ def variant_series_init(variant: str) -> None:
         for histogram in _HISTOGRAMS:
             histogram.labels(variant, tier)
         PREEMPTIONS.labels(variant, tier)
+        FAIR_SHARE_PREEMPTIONS.labels(variant, tier)
 
 
 # --- the worker's endpoint ----------------------------------------------------------------------

@@ -19,6 +19,7 @@ import os
 import socket
 import time
 import uuid
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,7 @@ from inference.engines.base import (
 from knowledge.grounding import AnswerChecker
 from scheduler import control, keys, timeseries, warmpool, workers
 from scheduler.admission import request_finished
+from scheduler.fair_share import fair_share_settle
 from scheduler.generation import (
     TERMINAL_EVENTS,
     Done,
@@ -73,6 +75,9 @@ HAND_BACK_S = 5.0
 # With every slot busy, how often the worker looks for a VIP job to preempt for: the longest a
 # VIP job waits before it starts. A non-blocking claim, so a slot that frees is reused at once.
 VIP_PREEMPT_POLL_S = 0.05
+# With answers under way, how long a claim that found nothing blocks for a new job before it
+# looks again: a slot that frees meanwhile is filled within this (an idle worker blocks 1 s).
+BUSY_CLAIM_BLOCK_S = 0.05
 # Which answers a VIP job preempts first: batch, then normal.
 _PREEMPT_ORDER = {Tier.BATCH: 0, Tier.NORMAL: 1}
 # How long a stopping worker waits for a cancelled task to end before it cancels it again.
@@ -99,6 +104,9 @@ class WorkerConfig:
     # How long a VIP job that finds every slot busy waits for one to turn over before an answer
     # is paused for it (0: at once).
     vip_preempt_after_s: float = 0.0
+    # With every slot busy, pause the youngest answer of the source holding the most slots
+    # (more than its even part) for a waiting job of a source served less (fair share).
+    fair_share_preemption: bool = False
 
     @classmethod
     def from_settings(cls) -> WorkerConfig:
@@ -115,6 +123,7 @@ class WorkerConfig:
             batch_max_slots=settings.BATCH_MAX_SLOTS,
             vip_preemption=settings.VIP_PREEMPTION,
             vip_preempt_after_s=settings.VIP_PREEMPT_AFTER_S,
+            fair_share_preemption=settings.FAIR_SHARE and settings.FAIR_SHARE_PREEMPTION,
         )
 
 
@@ -163,6 +172,7 @@ class InferenceWorker:
         self.running: dict[str, _Running] = {}
         self.draining = False
         self.spare = False  # a warm spare: engine loaded, claiming nothing (scheduler/warmpool.py)
+        self.serving_workers = 1  # the model's, as of the last heartbeat (this one among them)
         self.fatal: BaseException | None = None
         self.mean_service_s = config.service_time_prior_s  # smoothed over finished answers
         self._slot_freed = asyncio.Event()
@@ -209,6 +219,8 @@ class InferenceWorker:
                 ]
             ]
             await self._claim_loop()
+            # Draining: its conversations' next turns go to the other workers at once.
+            await self._serving_update()
             await self._finish_running()
         except RedisGaveUp:
             logger.warning("worker %s: Redis unavailable while stopping; exiting anyway", self.worker_id)
@@ -323,6 +335,8 @@ class InferenceWorker:
                 else:
                     self._slot_freed.clear()
                     jobs = await self._unless_stopped(self._claim_vip_over_victim())
+                    if not jobs and self._held_vip is None:
+                        jobs = await self._unless_stopped(self._claim_over_share())
                     if not jobs:
                         await self._wait(self._slot_freed, self._vip_wait_s())
                         continue
@@ -365,7 +379,9 @@ class InferenceWorker:
             if left_s > 0:
                 return min(VIP_PREEMPT_POLL_S, left_s)
             return VIP_PREEMPT_POLL_S  # the grace is over, and no answer can be paused yet
-        return VIP_PREEMPT_POLL_S if self._may_preempt() else 1.0
+        if self._may_preempt() or self._over_share_victim() is not None:
+            return VIP_PREEMPT_POLL_S
+        return 1.0
 
     async def _claim_vip_over_victim(self) -> list[Job]:
         """Every slot is busy: claim one waiting VIP job and hold it; once it has waited
@@ -396,6 +412,57 @@ class InferenceWorker:
         # A victim that finished or was cancelled meanwhile freed its slot anyway.
         return jobs
 
+    def _over_share_victim(self) -> _Running | None:
+        """The youngest pausable answer of the source holding the most of this worker's slots,
+        when it holds more than one and more than an even part (the slots over the sources
+        holding them and one newcomer)."""
+        if not self.config.fair_share_preemption:
+            return None
+        active = self._active()
+        held = Counter(r.job.share.source for r in active)
+        if not held:
+            return None
+        source, count = held.most_common(1)[0]
+        if count <= 1 or count <= self.slots / (len(held) + 1):
+            return None
+        candidates = [
+            r
+            for r in active
+            if r.job.share.source == source
+            and r.job.tier != Tier.VIP
+            and r.preemptible
+            and not r.cancel_requested
+            and resumable(r.job.generation)
+        ]
+        return max(candidates, key=lambda r: r.started_at, default=None)
+
+    async def _claim_over_share(self) -> list[Job]:
+        """Every slot is busy: claim a waiting job of the victim's tier whose source was served
+        less than the victim's, and pause the victim for it (it resumes, as a VIP preemption's
+        does, when a slot turns over). A source under its share then waits for no long answer
+        to end."""
+        victim = self._over_share_victim()
+        if victim is None:
+            return []
+        jobs = await self.queue.claim(
+            total=1, per_tier={victim.job.tier: 1}, under_share_of=victim.job.share.source
+        )
+        if not jobs:
+            return []
+        if victim.preemptible and not victim.cancel_requested:
+            logger.info(
+                "worker %s: %s paused for %s (fair share)",
+                self.worker_id,
+                victim.job.request_id,
+                jobs[0].request_id,
+            )
+            worker_metrics.FAIR_SHARE_PREEMPTIONS.labels(victim.job.generation.variant, victim.job.tier).inc()
+            victim.paused = victim.preempted = True
+            victim.preemptible = False
+            assert victim.task is not None  # set when it started
+            victim.task.cancel()
+        return jobs
+
     def _resume_paused(self) -> None:
         """Paused answers take their tier's room before any new job of it: they were claimed
         first. The longest paused resumes first."""
@@ -408,10 +475,23 @@ class InferenceWorker:
     async def _claim(self, free: int) -> list[Job]:
         room = self._room()
         jobs = await self.queue.claim(total=free, per_tier=room, aging_s=self.config.normal_aging_s)
-        if not jobs:
+        if not jobs and room[Tier.NORMAL] == 0:
+            # The free slots are VIP's reserve: a source under its share may still take one.
+            jobs = await self._claim_over_share()
+        if not jobs and self._affinity_applies():
+            # A blocking read would take a new turn straight off the stream, whichever worker
+            # has its conversation: with another worker serving, look again soon instead.
+            await self._wait(self._stopped, BUSY_CLAIM_BLOCK_S)
+        elif not jobs:
             tiers = [tier for tier, count in room.items() if count > 0]
-            jobs = await self.queue.claim_blocking(tiers, timeout_s=1.0)
+            # A blocking read cannot see a slot free: with answers under way it blocks briefly.
+            block_s = BUSY_CLAIM_BLOCK_S if self._active() else 1.0
+            jobs = await self.queue.claim_blocking(tiers, timeout_s=block_s)
         return jobs
+
+    def _affinity_applies(self) -> bool:
+        """Whether a conversation's turn may be left to another worker (scheduler.queues)."""
+        return self.queue.fair_share and settings.AFFINITY_WAIT_S > 0 and self.serving_workers > 1
 
     async def _unless_stopped(self, claim: Coroutine[Any, Any, list[Job]]) -> list[Job]:
         """Claim, unless told to stop first: an unresponsive Redis can hold a call for many
@@ -672,6 +752,18 @@ class InferenceWorker:
                 tokens_used=outcome.usage.prompt_tokens + outcome.usage.completion_tokens,
             )
         )
+        if stored and self.queue.fair_share:
+            # Its source was charged its most when it was claimed: settled once, with what it used.
+            await self._retrying(
+                lambda: fair_share_settle(
+                    self.queue.client,
+                    model=self.queue.model,
+                    tier=job.tier,
+                    share=job.share,
+                    prompt_tokens=outcome.usage.prompt_tokens,
+                    completion_tokens=outcome.usage.completion_tokens,
+                )
+            )
         if outcome.error_code:
             event = self._emit(job, Error(code=outcome.error_code, message=outcome.error_message))
         else:
@@ -721,6 +813,7 @@ class InferenceWorker:
             serves = await warmpool.serving_decide(
                 client, model=self.config.model, worker_id=self.worker_id, needed=needed
             )
+            self.serving_workers = await warmpool.serving_count(client, model=self.config.model)
         except (*REDIS_ERRORS, DatabaseError) as exc:
             # The last decision stands until a check succeeds.
             logger.warning("worker %s: warm pool check failed (%s)", self.worker_id, exc)
@@ -758,6 +851,8 @@ class InferenceWorker:
                 "memory_used_bytes": stats.memory_used_bytes,
                 "memory_total_bytes": stats.memory_total_bytes,
                 "memory_source": stats.memory_source,
+                "prefix_cache_queries": stats.prefix_cache_queries,
+                "prefix_cache_hits": stats.prefix_cache_hits,
                 "mean_service_s": round(self.mean_service_s, 3),
             }
             normal_slots = self.slots - self.config.vip_reserved_slots

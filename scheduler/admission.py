@@ -14,7 +14,7 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from scheduler import control, key_limits, keys, metrics, timeseries
+from scheduler import control, fair_share, key_limits, keys, metrics, timeseries
 from scheduler.generation import (
     Done,
     GenerationJob,
@@ -242,6 +242,7 @@ def _admit(*, job: GenerationJob, client_address: str | None, limits: KeyLimits,
             wait_slo_s=policy.wait_slo_s,
             max_wait_s=policy.max_wait_s,
             charge=charge,
+            share=fair_share.job_fair_share(job, key_weight=limits.fair_share_weight),
         )
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise _unavailable(exc) from exc

@@ -286,6 +286,9 @@ class GenerationJob:
     key_client_id: str | None = None
     tool_parsing: ToolParsing | None = None
     grounding: Grounding | None = None  # a chat answer of the `verified` style
+    # A chat turn's conversation: its next turn prefers the worker that answered this one, whose
+    # prefix cache holds the conversation so far (scheduler.queues, "affinity").
+    conversation_id: str | None = None
 
     @property
     def limits_client_id(self) -> str:
@@ -309,6 +312,7 @@ class GenerationJob:
                 "key_client_id": self.key_client_id,
                 "tool_parsing": None if self.tool_parsing is None else self.tool_parsing.to_dict(),
                 "grounding": None if self.grounding is None else self.grounding.to_dict(),
+                "conversation_id": self.conversation_id,
             }
         )
 
@@ -332,6 +336,7 @@ class GenerationJob:
             key_client_id=data.get("key_client_id"),
             tool_parsing=None if tool_parsing is None else ToolParsing.from_dict(tool_parsing),
             grounding=None if grounding is None else Grounding.from_dict(grounding),
+            conversation_id=data.get("conversation_id"),
         )
 
 

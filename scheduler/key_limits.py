@@ -26,10 +26,11 @@ KEY_BUCKETS = (REQUESTS_BUCKET, TOKENS_BUCKET)
 
 @dataclass(frozen=True, slots=True)
 class KeyLimits:
-    """A key's limits; None: unlimited."""
+    """A key's limits; None: unlimited. With them, its fair-share weight (None: the API's)."""
 
     requests_per_minute: int | None = None
     tokens_per_minute: int | None = None
+    fair_share_weight: float | None = None
 
     @property
     def any(self) -> bool:

@@ -25,6 +25,40 @@ def claimed_seq(model: str, tier: str) -> str:
     return f"llm:{{{model}}}:claimed:{tier}"
 
 
+# Fair share inside a tier (scheduler/fair_share.py): the consumer that holds a tier's jobs
+# between their arrival and their claim, sorted into one backlog per source.
+FAIR_SHARE_CONSUMER = "fair-share-backlog"
+
+
+def fair_backlog_prefix(model: str, tier: str) -> str:
+    """List per source (the prefix + the source id): the stream entry ids of its jobs waiting in
+    the tier, oldest first. The claim script names these keys from the prefix."""
+    return f"llm:{{{model}}}:fair:{tier}:backlog:"
+
+
+def fair_counters(model: str, tier: str) -> str:
+    """Sorted set: source id -> virtual tokens served in the tier (weighted prompt + output
+    tokens); sources at or below the floor are forgotten (they would be lifted to it anyway)."""
+    return f"llm:{{{model}}}:fair:{tier}:counters"
+
+
+def fair_active(model: str, tier: str) -> str:
+    """Sorted set: the sources with jobs waiting in the tier -> their virtual tokens served."""
+    return f"llm:{{{model}}}:fair:{tier}:active"
+
+
+def fair_floor(model: str, tier: str) -> str:
+    """String: the least virtual tokens served of the tier's waiting sources when it last had
+    one; a source that starts waiting again starts no lower than this less the idle credit."""
+    return f"llm:{{{model}}}:fair:{tier}:floor"
+
+
+def affinity_prefix(model: str) -> str:
+    """String per conversation (the prefix + its id), expiring: the worker that claimed its
+    latest turn, which the claim prefers for the next one. The claim script names these keys."""
+    return f"llm:{{{model}}}:affinity:"
+
+
 def capacity(model: str) -> str:
     """Hash: worker id -> "jobs/s all tiers|jobs/s normal|unix time", for wait predictions."""
     return f"llm:{{{model}}}:capacity"

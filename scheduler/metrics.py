@@ -19,7 +19,7 @@ import redis
 from django.conf import settings
 from django.db import DatabaseError
 from prometheus_client import REGISTRY, CollectorRegistry, Counter, Gauge, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -189,8 +189,20 @@ def _worker_metrics(workers: list[WorkerInfo]) -> Iterator[Metric]:
         "Memory available to the engine: the GPU's (source=cuda) or the machine's (process-rss).",
         ("source",),
     )
+    prefix_queries = CounterMetricFamily(
+        "llm_worker_prefix_cache_queries",
+        "Prompt tokens the engine looked up in its prefix cache since it started (vLLM's count).",
+        labels=labels,
+    )
+    prefix_hits = CounterMetricFamily(
+        "llm_worker_prefix_cache_hits",
+        "Prompt tokens the engine found in its prefix cache since it started (vLLM's count).",
+        labels=labels,
+    )
     for worker in workers:
         values = [worker.worker_id, worker.model, worker.engine]
+        prefix_queries.add_metric(values, worker.state.get("prefix_cache_queries", 0))
+        prefix_hits.add_metric(values, worker.state.get("prefix_cache_hits", 0))
         running.add_metric(values, worker.running)
         slots.add_metric(values, worker.slots)
         # .get: a worker of an older release, still heartbeating during a rollout, may lack these.
@@ -200,7 +212,17 @@ def _worker_metrics(workers: list[WorkerInfo]) -> Iterator[Metric]:
         source = worker.state.get("memory_source", "unknown")
         memory_used.add_metric([*values, source], worker.state.get("memory_used_bytes", 0))
         memory_total.add_metric([*values, source], worker.state.get("memory_total_bytes", 0))
-    yield from (running, slots, waiting, kv_cache, draining, memory_used, memory_total)
+    yield from (
+        running,
+        slots,
+        waiting,
+        kv_cache,
+        draining,
+        memory_used,
+        memory_total,
+        prefix_queries,
+        prefix_hits,
+    )
 
 
 WEB_REGISTRY.register(FleetCollector())

@@ -1,6 +1,6 @@
 """The tier policies, the model variants, the canary split and the warm pool's size (stored
-here, mirrored into Redis where admission, routing and the workers apply them), and the record of
-every generation request."""
+here, mirrored into Redis where admission, routing and the workers apply them), the fair share's
+weights per origin, and the record of every generation request."""
 
 from __future__ import annotations
 
@@ -232,6 +232,19 @@ class WarmPool(models.Model):
     def load(cls) -> WarmPool:
         pool, _ = cls.objects.get_or_create(pk=1)
         return pool
+
+
+class SourceWeight(models.Model):
+    """How large a share of a tier one source of each origin gets beside the others when all
+    are waiting (scheduler/fair_share.py): 2 serves twice the tokens of a source of weight 1.
+    An origin without a row weighs 1; an API key may have its own (api.ApiKey)."""
+
+    origin = models.CharField(max_length=16, choices=[(o.value, o.label) for o in Origin], primary_key=True)
+    weight = models.FloatField(default=1.0, validators=[MinValueValidator(0.01), MaxValueValidator(100.0)])
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"{self.origin} weight {self.weight}"
 
 
 class CacheResult(models.TextChoices):

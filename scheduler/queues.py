@@ -20,8 +20,9 @@ import redis
 import redis.asyncio as aioredis
 from django.conf import settings
 
-from scheduler import keys
+from scheduler import fair_share, keys
 from scheduler.control import request_cancel
+from scheduler.fair_share import FairShare
 from scheduler.generation import GenerationJob, Tier
 from scheduler.rate_limits import RATE_LIMIT_LUA, RateCharge, RateDecision
 from scheduler.redis import NotReplicated, async_script, script_replicated, sync_redis, sync_script
@@ -31,6 +32,9 @@ logger = logging.getLogger(__name__)
 MIN_DRAIN_RATE = 0.2  # jobs/s assumed while no live worker reports its capacity
 # Admitted jobs are counted per tier in buckets this wide; a rate is read over whole buckets.
 ARRIVAL_BUCKET_S = 5
+# With fair share, each claim sorts at most this many new jobs of a tier into their sources'
+# backlogs: a burst of thousands is sorted over a few claims, none holding Redis long.
+SORT_IN_PER_CALL = 500
 
 # The drain rate of a tier is the sum of what live workers report they can finish per second
 # (their slots / their measured mean service time): it holds through idle spells and bursts,
@@ -71,14 +75,15 @@ _ENQUEUE = (
 -- KEYS: queue, enqueued, claimed, capacity, result, arrivals, then (enqueued, claimed) of each
 --       higher tier, then the rate limit's keys when the request is charged here
 -- ARGV: max_queued, wait_slo_s, stale_s, min_rate, result_ttl_s, tier, request_id, job,
---       max_wait_s, arrivals_ttl_s, number of higher tiers, then the rate limit's arguments
+--       max_wait_s, arrivals_ttl_s, number of higher tiers, the job's fair-share source, weight
+--       and charge at claim, its conversation ('' for none), then the rate limit's arguments
 -- Returns {admitted, queued, wait, entry id or refusal, the rate limit's reply ({}: not
 -- charged)}. Every check comes before any write, so a refusal charges nothing.
 local t = now()
 local charged = 7 + 2 * tonumber(ARGV[11])
 local decision, levels = {}, {}
 if #KEYS >= charged then
-  decision, levels = rate_limit_check(t, charged, 12)
+  decision, levels = rate_limit_check(t, charged, 16)
   if decision[1] ~= 1 then return {0, 0, '0', 'rate_limited', rate_limit_reply(decision, levels)} end
 end
 local own = queued(KEYS[2], KEYS[3])
@@ -86,11 +91,12 @@ local wait = ahead(KEYS[2], KEYS[3], 7, charged - 1)
   / drain_rate(KEYS[4], ARGV[6], t, tonumber(ARGV[3]), tonumber(ARGV[4]))
 if own >= tonumber(ARGV[1]) then return {0, own, tostring(wait), 'queue_full', {}} end
 if wait > tonumber(ARGV[2]) then return {0, own, tostring(wait), 'wait_over_slo', {}} end
-if #KEYS >= charged then rate_limit_charge(t, charged, 12, levels) end
+if #KEYS >= charged then rate_limit_charge(t, charged, 16, levels) end
 local seq = redis.call('INCR', KEYS[2])
 local id = redis.call('XADD', KEYS[1], '*', 'seq', seq, 'enqueued_at', tostring(t),
                       'deadline', tostring(t + tonumber(ARGV[9])), 'request_id', ARGV[7],
-                      'job', ARGV[8])
+                      'job', ARGV[8], 'source', ARGV[12], 'weight', ARGV[13], 'cost', ARGV[14],
+                      'affinity', ARGV[15])
 redis.call('XADD', KEYS[5], '*', 'type', 'queued', 'data', cjson.encode({seq = seq, tier = ARGV[6]}))
 redis.call('EXPIRE', KEYS[5], tonumber(ARGV[5]))
 redis.call('INCR', KEYS[6])
@@ -99,63 +105,194 @@ return {1, own + 1, tostring(wait), id, rate_limit_reply(decision, levels)}
 """
 )
 
-_CLAIM = """
--- KEYS: per tier (queue, claimed), in priority order
--- ARGV: group, consumer, total (free slots), aged tier index (0-based, -1 for none),
---       aging_s, then the most to take from each tier
+_CLAIM = (
+    fair_share.LUA
+    + """
+-- KEYS: per tier, in priority order: queue, claimed, fair counters, fair active, fair floor;
+--       then the model's serving workers (affinity)
+-- ARGV: group, consumer, total (free slots), aged tier index (0-based, -1 for none), aging_s,
+--       fair share (1/0), the backlog's consumer, idle credit, most to sort in per tier and
+--       call, the source a job must be under the share of ('' for any), the affinity keys'
+--       prefix, how long a job is left to its conversation's worker (s, 0: never), how long
+--       a conversation remembers it (s), a serving worker's heartbeat lifetime (s), then per
+--       tier: the most to take, its backlogs' key prefix
 local out = {}
+local group, consumer = ARGV[1], ARGV[2]
 local left = tonumber(ARGV[3])
+local fair = ARGV[6] == '1'
+local backlog_consumer, credit = ARGV[7], tonumber(ARGV[8])
+local tiers = (#KEYS - 1) / 5
+local serving_key = KEYS[#KEYS]
+local affinity_prefix, affinity_wait = ARGV[11], tonumber(ARGV[12])
+local affinity_ttl, serving_stale_s = tonumber(ARGV[13]), tonumber(ARGV[14])
+local clock = redis.call('TIME')
+local t = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
+local function key(i, n) return KEYS[5 * i + n] end
+local function fields_of(f)
+  local m = {}
+  for j = 1, #f, 2 do m[f[j]] = f[j + 1] end
+  return m
+end
+-- Fair share: the tier's new jobs go to the backlog consumer, each onto its source's backlog;
+-- a source that starts waiting joins the active ones.
+local function sort_in(i)
+  local res = redis.call('XREADGROUP', 'GROUP', group, backlog_consumer, 'COUNT', ARGV[9],
+                         'STREAMS', key(i, 1), '>')
+  if not res then return end
+  for _, entry in ipairs(res[1][2]) do
+    local source = fields_of(entry[2])['source'] or entry[1]
+    if redis.call('RPUSH', ARGV[16 + 2 * i] .. source, entry[1]) == 1 then
+      local start = fair_start(key(i, 3), key(i, 4), key(i, 5), source, credit)
+      redis.call('ZADD', key(i, 4), start, source)
+    end
+  end
+end
+-- Up to `count` jobs of tier i, each the next of the waiting source served least.
+local over = ARGV[10]
+local function counter_of(i, source)
+  return tonumber(redis.call('ZSCORE', key(i, 4), source))
+         or tonumber(redis.call('ZSCORE', key(i, 3), source))
+end
+-- Affinity: the conversation of entry `id` of tier i, and whether the entry is left a while
+-- for another worker, the one that answered the conversation's latest turn: only while that
+-- worker serves (heartbeats, neither draining nor a spare) and the entry has waited less
+-- than affinity_wait.
+local function conversation_of(i, id)
+  local entry = redis.call('XRANGE', key(i, 1), id, id)
+  if #entry == 0 then return nil end
+  local conversation = fields_of(entry[1][2])['affinity']
+  if conversation == '' then return nil end
+  return conversation
+end
+local function left_for_another(i, id)
+  if affinity_wait <= 0 or not id then return false end
+  local conversation = conversation_of(i, id)
+  if not conversation then return false end
+  local owner = redis.call('GET', affinity_prefix .. conversation)
+  if not owner or owner == consumer then return false end
+  local seen = tonumber(redis.call('ZSCORE', serving_key, owner))
+  if not seen or t - seen > serving_stale_s then return false end
+  return t - tonumber(string.match(id, '^(%d+)')) / 1000 < affinity_wait
+end
+-- The waiting source served least whose next job this worker may take now, or nil.
+local AFFINITY_LOOK = 16  -- sources looked at past those whose next job is left to another
+local function next_source(i)
+  local sources = redis.call('ZRANGE', key(i, 4), 0, AFFINITY_LOOK - 1, 'WITHSCORES')
+  for j = 1, #sources, 2 do
+    local head = redis.call('LINDEX', ARGV[16 + 2 * i] .. sources[j], 0)
+    if not left_for_another(i, head) then return sources[j], tonumber(sources[j + 1]) end
+  end
+  return nil
+end
+local function take_fair(i, count)
+  local taken = 0
+  while taken < count do
+    local source, counter = next_source(i)
+    if not source then break end
+    -- Taken to pause an answer of `over` for: only a source served less than it.
+    if over ~= '' and (source == over or counter >= (counter_of(i, over) or -math.huge)) then
+      break
+    end
+    local backlog = ARGV[16 + 2 * i] .. source
+    local id = redis.call('LPOP', backlog)
+    -- Only an entry the backlog still holds: one handed to a worker otherwise is not taken.
+    if id and #redis.call('XPENDING', key(i, 1), group, id, id, 1, backlog_consumer) > 0 then
+      local claimed = redis.call('XCLAIM', key(i, 1), group, consumer, 0, id, 'RETRYCOUNT', 1)
+      local entry = claimed[1]
+      if entry and entry[2] then
+        local f = fields_of(entry[2])
+        fair_charge(key(i, 3), key(i, 4), source, tonumber(f['cost'] or 0) / tonumber(f['weight'] or 1))
+        if f['affinity'] and f['affinity'] ~= '' then
+          redis.call('SET', affinity_prefix .. f['affinity'], consumer, 'EX', affinity_ttl)
+        end
+        out[#out + 1] = {i, entry[1], entry[2]}
+        taken = taken + 1
+      end
+    end
+    if redis.call('LLEN', backlog) == 0 then fair_leave(key(i, 3), key(i, 4), source) end
+  end
+  fair_tidy(key(i, 3), key(i, 4), key(i, 5), credit)
+  if taken > 0 then redis.call('INCRBY', key(i, 2), taken) end
+  return taken
+end
+-- Arrival order: the tier's next jobs.
+local function take_in_order(i, count)
+  local res = redis.call('XREADGROUP', 'GROUP', group, consumer, 'COUNT', count,
+                         'STREAMS', key(i, 1), '>')
+  if not res then return 0 end
+  local entries = res[1][2]
+  local top = tonumber(redis.call('GET', key(i, 2))) or 0
+  for _, entry in ipairs(entries) do
+    local seq = tonumber(fields_of(entry[2])['seq'])
+    if seq > top then top = seq end
+    out[#out + 1] = {i, entry[1], entry[2]}
+  end
+  redis.call('SET', key(i, 2), top)
+  return #entries
+end
+-- The id of the tier's oldest job not yet claimed, or nil.
+local function oldest_waiting(i)
+  if fair then
+    local pending = redis.call('XPENDING', key(i, 1), group, '-', '+', 1, backlog_consumer)
+    if #pending > 0 then return pending[1][1] end
+    return nil
+  end
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', key(i, 1))) do
+    local info = fields_of(g)
+    if info['name'] == group then
+      local nxt = redis.call('XRANGE', key(i, 1), '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
+      if #nxt > 0 then return nxt[1][1] end
+    end
+  end
+  return nil
+end
 local order = {}
-for i = 0, (#KEYS / 2) - 1 do order[#order + 1] = i end
--- Aging: when the aged tier's next job has waited past aging_s, that tier goes first.
+for i = 0, tiers - 1 do
+  order[#order + 1] = i
+  if fair and tonumber(ARGV[15 + 2 * i]) > 0 then sort_in(i) end
+end
+-- Aging: when the aged tier's oldest job has waited past aging_s, that tier goes first.
 local aged = tonumber(ARGV[4])
 if aged >= 0 then
-  local groups = redis.call('XINFO', 'GROUPS', KEYS[2 * aged + 1])
-  for _, group in ipairs(groups) do
-    local info = {}
-    for j = 1, #group, 2 do info[group[j]] = group[j + 1] end
-    if info['name'] == ARGV[1] then
-      local nxt = redis.call('XRANGE', KEYS[2 * aged + 1], '(' .. info['last-delivered-id'], '+', 'COUNT', 1)
-      if nxt[1] then
-        local now = redis.call('TIME')
-        local enqueued_ms = tonumber(string.match(nxt[1][1], '^(%d+)'))
-        if tonumber(now[1]) * 1000 + tonumber(now[2]) / 1000 - enqueued_ms > tonumber(ARGV[5]) * 1000 then
-          table.remove(order, aged + 1)
-          table.insert(order, 1, aged)
-        end
-      end
+  local id = oldest_waiting(aged)
+  if id then
+    local now = redis.call('TIME')
+    local enqueued_ms = tonumber(string.match(id, '^(%d+)'))
+    if tonumber(now[1]) * 1000 + tonumber(now[2]) / 1000 - enqueued_ms > tonumber(ARGV[5]) * 1000 then
+      table.remove(order, aged + 1)
+      table.insert(order, 1, aged)
     end
   end
 end
 for _, i in ipairs(order) do
-  local count = math.min(tonumber(ARGV[6 + i]), left)
+  local count = math.min(tonumber(ARGV[15 + 2 * i]), left)
   if count > 0 then
-    local res = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', count,
-                           'STREAMS', KEYS[2 * i + 1], '>')
-    if res then
-      local entries = res[1][2]
-      local top = tonumber(redis.call('GET', KEYS[2 * i + 2])) or 0
-      for _, entry in ipairs(entries) do
-        local f = entry[2]
-        for j = 1, #f, 2 do
-          if f[j] == 'seq' and tonumber(f[j + 1]) > top then top = tonumber(f[j + 1]) end
-        end
-        out[#out + 1] = {i, entry[1], f}
-      end
-      redis.call('SET', KEYS[2 * i + 2], top)
-      left = left - #entries
-    end
+    if fair then left = left - take_fair(i, count) else left = left - take_in_order(i, count) end
   end
 end
 return out
 """
+)
 
-_RECORD_CLAIM = """
--- A job claimed by a blocking read moves its tier's claimed counter: KEYS claimed; ARGV seq
+_RECORD_CLAIM = (
+    fair_share.LUA
+    + """
+-- A job claimed by a blocking read (its tier had nothing waiting) moves its tier's claimed
+-- counter and, with fair share, is charged to its source.
+-- KEYS: claimed, fair counters, fair active, fair floor, the conversation's affinity ('' none)
+-- ARGV: seq, fair share (1/0), source, charge, idle credit, consumer, affinity lifetime (s)
+if KEYS[5] ~= '' then redis.call('SET', KEYS[5], ARGV[6], 'EX', tonumber(ARGV[7])) end
+if ARGV[2] == '1' then
+  redis.call('INCR', KEYS[1])
+  fair_start(KEYS[2], KEYS[3], KEYS[4], ARGV[3], tonumber(ARGV[5]))
+  fair_charge(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
+  return 1
+end
 local top = tonumber(redis.call('GET', KEYS[1])) or 0
 if tonumber(ARGV[1]) > top then redis.call('SET', KEYS[1], ARGV[1]) end
 return 1
 """
+)
 
 _QUEUE_STATE = (
     _LUA_COMMON
@@ -234,6 +371,7 @@ class Job:
     enqueued_at: float
     deadline: float  # a job still queued at this unix time has expired
     generation: GenerationJob
+    share: FairShare  # its source, weight and charge at claim, stamped at enqueue
     attempt: int = 1
 
     @classmethod
@@ -249,6 +387,11 @@ class Job:
             enqueued_at=float(fields["enqueued_at"]),
             deadline=float(fields["deadline"]),
             generation=GenerationJob.decode(fields["job"]),
+            share=FairShare(
+                source=fields.get("source", entry_id),
+                weight=float(fields.get("weight", 1.0)),
+                cost=float(fields.get("cost", 0)),
+            ),
             attempt=attempt,
         )
 
@@ -280,11 +423,14 @@ def job_enqueue(
     wait_slo_s: float,
     max_wait_s: float,
     charge: RateCharge | None = None,
+    share: FairShare | None = None,
 ) -> EnqueueResult:
     """Queue the job unless its tier's queue is full or its predicted wait is over the SLO.
     With `charge`, the job's rate limit is decided and charged in the same script call: one
-    round trip admits a request, and a refusal, by the rate limit or the queue, charges nothing."""
+    round trip admits a request, and a refusal, by the rate limit or the queue, charges nothing.
+    `share` is the job's fair share (admission's; by default weight 1)."""
     model, request_id = job.model, job.request_id
+    share = share or FairShare.of(job)
     higher = _higher_tier_keys(model, tier)
     reply, replicated = script_replicated(
         _ENQUEUE,
@@ -310,6 +456,10 @@ def job_enqueue(
             max_wait_s,
             settings.AUTOSCALE_ARRIVAL_WINDOW_S + 2 * ARRIVAL_BUCKET_S,
             len(higher) // 2,
+            share.source,
+            share.weight,
+            share.cost,
+            job.conversation_id or "",
             *(charge.script_args() if charge else []),
         ],
     )
@@ -377,18 +527,24 @@ async def queue_state_async(client: aioredis.Redis, *, model: str, tier: str) ->
 
 
 async def claimed_through(client: aioredis.Redis, *, model: str, tier: str) -> int:
-    """The sequence number of the tier's latest claimed job: a job with seq n is at position
-    n - claimed_through (1 = next), and has been claimed when that is 0 or less."""
+    """How many of the tier's jobs were claimed (in arrival order: the sequence number of the
+    latest): a job with seq n is at position n - claimed_through (1 = next). With fair share
+    the claim is not in arrival order, and this position is a rough guide only."""
     return int(await client.get(keys.claimed_seq(model, tier)) or 0)
 
 
 class JobQueue:
     """The worker's side of one model's queues (async; one instance per worker)."""
 
-    def __init__(self, client: aioredis.Redis, *, model: str, consumer: str) -> None:
+    def __init__(
+        self, client: aioredis.Redis, *, model: str, consumer: str, fair_share: bool | None = None
+    ) -> None:
         self.client = client
         self.model = model
         self.consumer = consumer
+        # Fair share between sources inside each tier (scheduler/fair_share.py); off: arrival
+        # order, the benchmark's baseline.
+        self.fair_share = settings.FAIR_SHARE if fair_share is None else fair_share
         self._claim = async_script(client, _CLAIM)
         self._record_claim = async_script(client, _RECORD_CLAIM)
         self._recordings: set[asyncio.Future] = set()
@@ -404,21 +560,49 @@ class JobQueue:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    async def claim(self, *, total: int, per_tier: dict[str, int], aging_s: float | None = None) -> list[Job]:
+    async def claim(
+        self,
+        *,
+        total: int,
+        per_tier: dict[str, int],
+        aging_s: float | None = None,
+        under_share_of: str = "",
+    ) -> list[Job]:
         """Claim up to `total` new jobs, taking tiers in the order of keys.TIERS and at most
-        per_tier[tier] from each; a normal job waiting over `aging_s` goes before VIP."""
+        per_tier[tier] from each; a normal job waiting over `aging_s` goes before VIP. Inside a
+        tier, with fair share, each job is the next of the waiting source served least; with
+        `under_share_of` (a source), only if that source was served less than this one. A
+        conversation's turn is left up to AFFINITY_WAIT_S to the serving worker that claimed
+        its previous one (the sources after it go first meanwhile)."""
         tier_keys: list[str] = []
+        tier_args: list[object] = []
         for tier in keys.TIERS:
-            tier_keys += [keys.queue(self.model, tier), keys.claimed_seq(self.model, tier)]
+            tier_keys += [
+                keys.queue(self.model, tier),
+                keys.claimed_seq(self.model, tier),
+                keys.fair_counters(self.model, tier),
+                keys.fair_active(self.model, tier),
+                keys.fair_floor(self.model, tier),
+            ]
+            tier_args += [per_tier.get(tier, 0), keys.fair_backlog_prefix(self.model, tier)]
         reply = await self._claim(
-            keys=tier_keys,
+            keys=[*tier_keys, keys.serving(self.model)],
             args=[
                 keys.CONSUMER_GROUP,
                 self.consumer,
                 total,
                 keys.TIERS.index(Tier.NORMAL) if aging_s is not None else -1,
                 aging_s or 0,
-                *(per_tier.get(tier, 0) for tier in keys.TIERS),
+                int(self.fair_share),
+                keys.FAIR_SHARE_CONSUMER,
+                fair_share.idle_credit(),
+                SORT_IN_PER_CALL,
+                under_share_of,
+                keys.affinity_prefix(self.model),
+                settings.AFFINITY_WAIT_S,
+                settings.AFFINITY_TTL_S,
+                settings.WORKER_HEARTBEAT_TTL_S,
+                *tier_args,
             ],
         )
         return [
@@ -440,12 +624,33 @@ class JobQueue:
                 # The claimed counter only tells waiting clients their place: moved while the
                 # job starts, not before (the job's time to first token waits for nothing).
                 recording = asyncio.ensure_future(
-                    self._record_claim(keys=[keys.claimed_seq(self.model, tier)], args=[job.seq])
+                    self._record_claim(
+                        keys=[
+                            keys.claimed_seq(self.model, tier),
+                            keys.fair_counters(self.model, tier),
+                            keys.fair_active(self.model, tier),
+                            keys.fair_floor(self.model, tier),
+                            self._affinity_key(job),
+                        ],
+                        args=[
+                            job.seq,
+                            int(self.fair_share),
+                            job.share.source,
+                            job.share.charge(job.share.cost),
+                            fair_share.idle_credit(),
+                            self.consumer,
+                            settings.AFFINITY_TTL_S,
+                        ],
+                    )
                 )
                 self._recordings.add(recording)
                 recording.add_done_callback(self._recorded)
                 jobs.append(job)
         return jobs
+
+    def _affinity_key(self, job: Job) -> str:
+        conversation = job.generation.conversation_id
+        return keys.affinity_prefix(self.model) + conversation if conversation else ""
 
     async def recordings_wait(self, timeout_s: float = 1.0) -> None:
         """Wait a moment for the claimed counters still being written (before the client
@@ -504,14 +709,17 @@ class JobQueue:
         lease_ms = int(lease_s * 1000)
         for tier in keys.TIERS:
             stream = keys.queue(self.model, tier)
-            pending = await self.client.xpending_range(
-                stream,
-                keys.CONSUMER_GROUP,
-                min="-",
-                max="+",
-                count=max(max_count, 1) * 4,
-                idle=lease_ms,
-            )
+            pending = []
+            for holder in await self._lease_holders(stream):
+                pending += await self.client.xpending_range(
+                    stream,
+                    keys.CONSUMER_GROUP,
+                    min="-",
+                    max="+",
+                    count=max(max_count, 1) * 4,
+                    idle=lease_ms,
+                    consumername=holder,
+                )
             for info in pending:
                 if len(runnable) >= max_count:
                     break
@@ -530,6 +738,20 @@ class JobQueue:
                     job = Job.from_entry(self.model, tier, entry_id, fields, attempt=attempt)
                     (exhausted if attempt > max_attempts else runnable).append(job)
         return runnable, exhausted
+
+    async def _lease_holders(self, stream: str) -> list[str | None]:
+        """Whose pending jobs are leases that may expire: every consumer's (None), or with fair
+        share every worker's but the backlog's, whose jobs wait their turn and hold no lease."""
+        if not self.fair_share:
+            return [None]
+        if not await self.client.exists(stream):
+            return []
+        consumers = await self.client.xinfo_consumers(stream, keys.CONSUMER_GROUP)
+        return [
+            consumer["name"]
+            for consumer in consumers
+            if consumer["pending"] and consumer["name"] != keys.FAIR_SHARE_CONSUMER
+        ]
 
     async def dead_workers_forget(self, *, stale_s: float) -> int:
         """Remove the consumers and capacity reports of workers that have not reported for

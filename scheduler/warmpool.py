@@ -87,6 +87,11 @@ async def serving_decide(client: aioredis.Redis, *, model: str, worker_id: str, 
     return bool(serves)
 
 
+async def serving_count(client: aioredis.Redis, *, model: str) -> int:
+    """How many workers claim the model's jobs (their heartbeats fresh)."""
+    return await client.zcount(keys.serving(model), time.time() - settings.WORKER_HEARTBEAT_TTL_S, "+inf")
+
+
 async def serving_leave(client: aioredis.Redis, *, model: str, worker_id: str) -> None:
     """A draining or stopping worker no longer covers the need: a spare may take its place."""
     await client.zrem(keys.serving(model), worker_id)

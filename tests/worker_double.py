@@ -28,6 +28,7 @@ def queued(tier: str, model: str = MODEL) -> list[dict[str, Any]]:
             "client_id": job.client_id,
             "variant": job.variant,
             "disconnect_grace_s": job.disconnect_grace_s,
+            "conversation_id": job.conversation_id,
             **job.sampling.to_dict(),
         }
         for job in jobs

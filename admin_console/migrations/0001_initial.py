@@ -30,6 +30,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['-created_at', '-id'],
+                'permissions': [('manage_workers', 'Can drain workers and set the warm pool'), ('manage_limits', "Can change the tiers' rate limits"), ('manage_variants', 'Can change variants, the canary and experiments'), ('manage_api_keys', 'Can issue, limit and revoke API keys'), ('manage_help_center', 'Can edit help articles and pinned answers')],
             },
         ),
         migrations.CreateModel(

@@ -31,6 +31,7 @@ class Migration(migrations.Migration):
                 ('requests_per_minute', models.PositiveIntegerField(blank=True, help_text='Empty: unlimited.', null=True, validators=[django.core.validators.MinValueValidator(1)])),
                 ('tokens_per_minute', models.PositiveIntegerField(blank=True, help_text='Prompt and completion tokens. Empty: unlimited.', null=True, validators=[django.core.validators.MinValueValidator(1)])),
                 ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='api_keys', to=settings.AUTH_USER_MODEL)),
+                ('fair_share_weight', models.FloatField(blank=True, help_text="Share beside other sources of its tier. Empty: the API's weight.", null=True, validators=[django.core.validators.MinValueValidator(0.01), django.core.validators.MaxValueValidator(100.0)])),
             ],
             options={
                 'verbose_name': 'API key',

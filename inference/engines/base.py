@@ -98,6 +98,10 @@ class EngineStats:
     memory_used_bytes: int
     memory_total_bytes: int
     memory_source: str  # "cuda" on a GPU, else "process-rss" (the engine process's memory)
+    # Prompt tokens looked up in the engine's prefix cache since it started, and those found
+    # there (vLLM's own counts; the simulated engine keeps none).
+    prefix_cache_queries: int = 0
+    prefix_cache_hits: int = 0
 
 
 class Engine(Protocol):

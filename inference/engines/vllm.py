@@ -57,6 +57,8 @@ class _SchedulerSnapshot:
     running: int = 0
     waiting: int = 0
     kv_cache_usage: float = 0.0
+    prefix_cache_queries: int = 0  # since the engine started
+    prefix_cache_hits: int = 0
 
 
 class _SnapshotStatLogger(StatLoggerBase):
@@ -85,6 +87,9 @@ class _SnapshotStatLogger(StatLoggerBase):
         # Deferred ("skipped") requests are waiting too, only blocked on something else.
         self._snapshot.waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
         self._snapshot.kv_cache_usage = scheduler_stats.kv_cache_usage
+        # Each step's lookups, as vLLM's own `vllm:prefix_cache_queries` and `_hits` count them.
+        self._snapshot.prefix_cache_queries += scheduler_stats.prefix_cache_stats.queries
+        self._snapshot.prefix_cache_hits += scheduler_stats.prefix_cache_stats.hits
 
     def log_engine_initialized(self) -> None:
         pass
@@ -372,6 +377,8 @@ class VllmEngine:
             memory_used_bytes=used,
             memory_total_bytes=total,
             memory_source="cuda" if self._on_gpu else "process-rss",
+            prefix_cache_queries=self._snapshot.prefix_cache_queries,
+            prefix_cache_hits=self._snapshot.prefix_cache_hits,
         )
 
     async def shutdown(self) -> None:

@@ -69,6 +69,7 @@ class Migration(migrations.Migration):
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('generation', models.OneToOneField(blank=True, db_column='request_id', db_constraint=False, null=True, on_delete=django.db.models.deletion.DO_NOTHING, related_name='cached_answer', to='scheduler.generation', to_field='request_id')),
                 ('sources', models.ManyToManyField(blank=True, related_name='cached_answers', to='knowledge.article')),
+                ('given_to', models.JSONField(blank=True, default=list)),
             ],
             options={
                 'indexes': [models.Index(fields=['variant', 'context', 'question_hash'], name='knowledge_c_variant_46c153_idx')],

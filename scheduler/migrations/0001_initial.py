@@ -124,4 +124,12 @@ class Migration(migrations.Migration):
                 'constraints': [models.UniqueConstraint(condition=models.Q(('status', 'running')), fields=('status',), name='one_running_experiment'), models.CheckConstraint(condition=models.Q(('split_percent__gte', 1), ('split_percent__lte', 99)), name='experiment_split_between_1_and_99')],
             },
         ),
+        migrations.CreateModel(
+            name='SourceWeight',
+            fields=[
+                ('origin', models.CharField(choices=[('chat', 'Chat'), ('api', 'API'), ('batch', 'Batch'), ('quality', 'Quality')], max_length=16, primary_key=True, serialize=False)),
+                ('weight', models.FloatField(default=1.0, validators=[django.core.validators.MinValueValidator(0.01), django.core.validators.MaxValueValidator(100.0)])),
+                ('updated_at', models.DateTimeField(auto_now=True)),
+            ],
+        ),
     ]

@@ -78,6 +78,8 @@ def heartbeat(
                     "memory_used_bytes": 300 * 2**20,
                     "memory_total_bytes": 16 * 2**30,
                     "memory_source": "process-rss",
+                    "prefix_cache_queries": 400,
+                    "prefix_cache_hits": 300,
                 },
                 jobs_per_s=1.0,
                 normal_jobs_per_s=0.8,

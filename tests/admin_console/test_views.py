@@ -15,6 +15,8 @@ from admin_console.models import AuditLog, CanaryRollout
 from api import keys as api_keys
 from api.models import ApiKey
 from knowledge.models import Article, CachedAnswer
+from scheduler import fair_share
+from scheduler.generation import Origin
 from scheduler.models import TierPolicy, Variant
 from scheduler.queues import job_enqueue
 from scheduler.routing import canary_split
@@ -31,6 +33,7 @@ CONSOLE_URLS = [
     ("POST", "/console/workers/worker-1/drain"),
     ("POST", "/console/workers/spares"),
     ("GET", "/console/limits"),
+    ("POST", "/console/limits/fair-share"),
     ("POST", "/console/limits/normal"),
     ("GET", "/console/variants"),
     ("POST", "/console/variants/new"),
@@ -130,6 +133,7 @@ def test_the_dashboard_shows_queues_and_workers(client_staff):
     assert 'id="queue-depth-total" data-value="3"' in html
     assert worker_id in html
     assert "engine process, no GPU" in html
+    assert "75.0%" in html  # of the prompt tokens looked up, those in the prefix cache
     assert 'hx-trigger="console-poll"' in html  # the fallback poll, triggered by console.js
 
 
@@ -186,6 +190,21 @@ def test_a_valid_policy_edit_is_saved_and_an_invalid_one_shows_why(client_staff)
     assert b"Ensure this value is greater than or equal to 1." in refused.content
     assert TierPolicy.objects.get(tier="vip").max_queued == 33
     assert AuditLog.objects.count() == 1
+
+
+def test_staff_set_the_fair_share_weights_and_admission_applies_them(client_staff):
+    page = client_staff.get("/console/limits")
+    assert b"Fair share inside a tier" in page.content
+    weights = {"chat": "2", "api": "0.5", "batch": "1", "quality": "1"}
+    saved = client_staff.post("/console/limits/fair-share", weights)
+    assert saved.status_code == 302
+    assert fair_share.kind_weights()["chat"] == 2.0
+    share = fair_share.job_fair_share(generation_job(origin=Origin.API, client_id="key:9"))
+    assert (share.source, share.weight) == ("api:key:9", 0.5)
+    refused = client_staff.post("/console/limits/fair-share", weights | {"api": "0"})
+    assert refused.status_code == 400
+    assert fair_share.kind_weights()["api"] == 0.5
+    assert AuditLog.objects.filter(target="fair share").count() == 1
 
 
 def test_staff_edit_and_add_variants_and_each_change_is_audited(client_staff):
@@ -460,17 +479,21 @@ def test_staff_set_a_key_s_limits_audited_and_applied_to_its_next_call(client_st
     key = issued.api_key
     response = client_staff.post(
         f"/console/api-keys/{key.pk}/limits",
-        {f"key-{key.pk}-requests_per_minute": "2", f"key-{key.pk}-tokens_per_minute": ""},
+        {
+            f"key-{key.pk}-requests_per_minute": "2",
+            f"key-{key.pk}-tokens_per_minute": "",
+            f"key-{key.pk}-fair_share_weight": "4",
+        },
         headers={"HX-Request": "true"},
     )
     assert response.status_code == 200
     assert "Limits of" in response.content.decode()
     key.refresh_from_db()
-    assert (key.requests_per_minute, key.tokens_per_minute) == (2, None)
+    assert (key.requests_per_minute, key.tokens_per_minute, key.fair_share_weight) == (2, None, 4.0)
     entry = AuditLog.objects.get(action="api_key.limits")
     assert (entry.actor_name, entry.target) == ("sam", key.prefix)
-    assert entry.before == {"requests_per_minute": None, "tokens_per_minute": None}
-    assert entry.after == {"requests_per_minute": 2, "tokens_per_minute": None}
+    assert entry.before == {"requests_per_minute": None, "tokens_per_minute": None, "fair_share_weight": None}
+    assert entry.after == {"requests_per_minute": 2, "tokens_per_minute": None, "fair_share_weight": 4.0}
     auth = {"Authorization": f"Bearer {issued.plaintext}"}
     assert Client().get("/v1/models", headers=auth)["x-ratelimit-limit-requests"] == "2"
 

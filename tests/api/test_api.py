@@ -828,3 +828,20 @@ def test_an_answer_from_the_result_cache_still_counts_against_the_key_s_limits(k
     assert refused.json()["error"]["code"] == "rate_limit_exceeded"
     assert Generation.objects.filter(cache="exact").count() == 1
     answer_cache._index.forget()
+
+
+def test_a_call_s_fair_share_source_is_its_key_whatever_it_sends(key, alice):
+    api_key = ApiKey.objects.get(owner=alice)
+    body = HELLO | {"stream": True, "user": "chat:guest:someone", "source": "chat:guest:someone"}
+    response = _post(Client(), key, body, HTTP_X_SOURCE="chat:guest:someone")
+    assert response.status_code == 200
+    [(_, fields)] = sync_redis().xrange(keys.queue(MODEL, "normal"))
+    assert fields["source"] == f"api:key:{api_key.pk}"
+    assert float(fields["weight"]) == 1.0
+
+
+def test_a_key_s_weight_set_by_staff_goes_with_its_calls(key, alice):
+    ApiKey.objects.filter(owner=alice).update(fair_share_weight=3.0)
+    assert _post(Client(), key, HELLO | {"stream": True}).status_code == 200
+    [(_, fields)] = sync_redis().xrange(keys.queue(MODEL, "normal"))
+    assert float(fields["weight"]) == 3.0

@@ -122,6 +122,8 @@ def test_a_first_message_that_only_greets_is_answered_by_the_model_told_to_greet
     assert job["request_id"] == str(answer.generation_id)
     assert "If it is a greeting or thanks, reply briefly." in job["messages"][0]["content"]
     assert answer.generation.status == "pending"  # not the reply that we know nothing about it
+    # Its next turn will prefer the worker that answers this one (the conversation is its cache).
+    assert job["conversation_id"] == str(answer.conversation_id)
 
 
 @pytest.mark.parametrize(

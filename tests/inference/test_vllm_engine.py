@@ -127,6 +127,20 @@ def test_concurrent_generations_stream_text_and_finish(vllm_engine: EngineOnLoop
     assert 0 < stats.memory_used_bytes < stats.memory_total_bytes
 
 
+def test_a_prompt_asked_again_is_found_in_the_prefix_cache_and_counted(vllm_engine: EngineOnLoop) -> None:
+    engine = vllm_engine.engine
+    # Long enough for whole KV blocks (16 tokens) to be cached and found again.
+    question = " ".join(QUESTIONS * 8)
+    before = engine.stats()
+    vllm_engine.run(_collect(engine, _request("prefix-first", question, 4)))
+    first = engine.stats()
+    vllm_engine.run(_collect(engine, _request("prefix-again", question, 4)))
+    vllm_engine.run(_wait_until(lambda: engine.stats().prefix_cache_queries > first.prefix_cache_queries))
+    again = engine.stats()
+    assert first.prefix_cache_queries > before.prefix_cache_queries
+    assert again.prefix_cache_hits - first.prefix_cache_hits >= 16
+
+
 def test_abort_mid_stream_frees_its_slot_and_others_finish(vllm_engine: EngineOnLoop) -> None:
     engine = vllm_engine.engine
     ids = ["survivor-1", "survivor-2", "aborted", "cancelled", "closed"]

@@ -18,12 +18,22 @@ from asgiref.sync import async_to_sync, sync_to_async
 from inference import worker as worker_module
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 from inference.engines.simulated import SimulatedEngine, simulated_answer_tokens
-from inference.metrics import PREEMPTIONS
+from inference.metrics import FAIR_SHARE_PREEMPTIONS, PREEMPTIONS
 from inference.worker import InferenceWorker, WorkerConfig, _Running
 from scheduler import control, keys
 from scheduler.admission import request_submit
-from scheduler.generation import Grounding, GroundingSource, Reset, SamplingParams, StructuredOutput, Tier
-from scheduler.models import Generation, WarmPool
+from scheduler.fair_share import FairShare
+from scheduler.generation import (
+    Grounding,
+    GroundingSource,
+    Origin,
+    Reset,
+    SamplingParams,
+    StructuredOutput,
+    Tier,
+)
+from scheduler.models import Generation, TierPolicy, WarmPool
+from scheduler.policy import policies_mirror
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import new_async_redis, sync_redis
 from scheduler.results import ResultPublisher
@@ -475,6 +485,7 @@ def test_a_second_finish_of_the_same_generation_changes_nothing():
 
 def _running(worker: InferenceWorker, *tiers: str) -> None:
     for n, tier in enumerate(tiers):
+        generation = generation_job(f"r{n}", tier=tier)
         job = Job(
             entry_id=f"0-{n}",
             model=MODEL,
@@ -483,7 +494,8 @@ def _running(worker: InferenceWorker, *tiers: str) -> None:
             seq=n,
             enqueued_at=0.0,
             deadline=0.0,
-            generation=generation_job(f"r{n}", tier=tier),
+            generation=generation,
+            share=FairShare.of(generation),
         )
         worker.running[job.request_id] = _Running(job=job)
 
@@ -742,6 +754,117 @@ def test_a_vip_job_cancelled_while_it_waits_out_its_grace_ends_at_once_and_pause
     assert _preemptions() == before
     assert Generation.objects.get(request_id=normal).status == "done"
     assert (_pending(Tier.NORMAL), _pending(Tier.VIP)) == (0, 0)
+
+
+def _fair_share_preemptions() -> float:
+    return sum(
+        sample.value
+        for sample in FAIR_SHARE_PREEMPTIONS.collect()[0].samples
+        if sample.name.endswith("_total")
+    )
+
+
+def _customer_after_flood(*, fair_share_preemption: bool) -> tuple[list[str], str]:
+    """Two slots, both held by a key's long answers with two more of its jobs waiting; a chat
+    customer's job queued once they are under way. Returns (the key's, the customer's) request
+    ids once every answer is done."""
+    engine = SimulatedEngine(
+        max_num_seqs=2, prefill_s_per_token=0.0, decode_base_s=0.05, decode_per_seq_s=0.0, output_tokens=40
+    )
+    worker = _worker(engine, vip_reserved_slots=0, fair_share_preemption=fair_share_preemption)
+    TierPolicy.objects.filter(tier=Tier.NORMAL).update(max_concurrent_per_user=4)
+    policies_mirror()
+    flood = []
+    for _ in range(4):
+        job = generation_job(client_id="key:flood", origin=Origin.API, disconnect_grace_s=30.0, max_tokens=64)
+        request_submit(job=job)
+        flood.append(job.request_id)
+
+    async def scenario() -> str:
+        running = asyncio.create_task(worker.run())
+        try:
+            await _until(lambda: all(_kinds(r).count("token") >= 2 for r in flood[:2]), "the key's answers")
+            customer = generation_job(client_id="guest:a", disconnect_grace_s=30.0)
+            await sync_to_async(request_submit)(job=customer)
+            await _until(
+                lambda: all(_kinds(r)[-1:] == ["done"] for r in [*flood, customer.request_id]), "all"
+            )
+            return customer.request_id
+        finally:
+            worker.drain()
+            await running
+
+    return flood, async_to_sync(scenario)()
+
+
+def test_a_customer_under_its_share_pauses_the_flooding_key_s_youngest_answer():
+    before = _fair_share_preemptions()
+    flood, customer = _customer_after_flood(fair_share_preemption=True)
+    assert _first_token_ms(customer) < min(_done_ms(r) for r in flood[:2])  # no long answer ended first
+    assert _first_token_ms(customer) < _first_token_ms(flood[2])  # nor did the key's next job go first
+    assert _fair_share_preemptions() == before + 1
+    for request_id in flood:  # the paused answer went on where it was: each whole, once
+        answer = Generation.objects.get(request_id=request_id)
+        assert (answer.status, answer.completion_tokens) == ("done", 40)
+        assert "reset" not in _kinds(request_id)
+
+
+def test_without_fair_share_preemption_the_customer_takes_the_next_slot_to_turn_over():
+    before = _fair_share_preemptions()
+    flood, customer = _customer_after_flood(fair_share_preemption=False)
+    assert _first_token_ms(customer) > min(_done_ms(r) for r in flood[:2])
+    assert _first_token_ms(customer) <= _first_token_ms(flood[2])  # not after the key's next job
+    assert _fair_share_preemptions() == before
+
+
+# --- affinity: a conversation's turns on one worker ------------------------------------------
+
+
+def _turn(conversation: str) -> str:
+    job = dataclasses.replace(generation_job(disconnect_grace_s=10.0), conversation_id=conversation)
+    request_submit(job=job)
+    return job.request_id
+
+
+def _answered_by(request_id: str) -> str:
+    return next(data["worker"] for kind, data in _events(request_id) if kind == "start")
+
+
+def test_a_conversation_s_turns_go_to_the_worker_that_answered_its_first_until_it_drains(settings):
+    settings.AFFINITY_WAIT_S = 30.0  # far longer than a turn takes: only affinity decides here
+
+    def engine() -> SimulatedEngine:
+        return SimulatedEngine(
+            max_num_seqs=4, prefill_s_per_token=0.0, decode_base_s=0.01, decode_per_seq_s=0.0, output_tokens=4
+        )
+
+    workers = [_worker(engine(), vip_reserved_slots=0, heartbeat_s=0.1) for _ in range(2)]
+
+    async def scenario() -> tuple[str, list[str], str]:
+        running = [asyncio.create_task(worker.run()) for worker in workers]
+        try:
+            await _until(lambda: all(w.serving_workers == 2 for w in workers), "both to see the other serve")
+            first = await sync_to_async(_turn)("conversation-a")
+            await _until(lambda: _kinds(first)[-1:] == ["done"], "the first turn")
+            later = []
+            for _ in range(3):
+                turn = await sync_to_async(_turn)("conversation-a")
+                await _until(lambda turn=turn: _kinds(turn)[-1:] == ["done"], "a later turn")
+                later.append(_answered_by(turn))
+            owner = next(w for w in workers if w.worker_id == _answered_by(first))
+            owner.drain()
+            after_drain = await sync_to_async(_turn)("conversation-a")
+            # Well within the 30 s it would be left to a serving worker.
+            await _until(lambda: _kinds(after_drain)[-1:] == ["done"], "the turn after the drain")
+            return _answered_by(first), later, _answered_by(after_drain)
+        finally:
+            for worker in workers:
+                worker.drain()
+            await asyncio.gather(*running)
+
+    first, later, after_drain = async_to_sync(scenario)()
+    assert later == [first] * 3
+    assert after_drain != first
 
 
 # --- the warm pool ------------------------------------------------------------------------------

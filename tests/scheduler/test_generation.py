@@ -59,6 +59,7 @@ def test_a_job_decodes_to_what_was_encoded():
             tools=[{"type": "function", "function": {"name": "f"}}],
             parallel_tool_calls=False,
         ),
+        conversation_id="6f1c2a52-93a4-4a43-9f0e-3c1d0c2b7a10",
     )
     assert GenerationJob.decode(job.encode()) == job
 

@@ -58,6 +58,8 @@ def _heartbeat(worker_id: str, *, jobs_per_s: float, normal_jobs_per_s: float, s
         "memory_used_bytes": 300_000_000,
         "memory_total_bytes": 8_000_000_000,
         "memory_source": "process-rss",
+        "prefix_cache_queries": 400,
+        "prefix_cache_hits": 300,
     }
 
     async def write() -> None:
@@ -131,6 +133,8 @@ def test_a_scrape_reads_queues_workers_and_policies_from_redis():
     assert _value(samples, "llm_worker_draining", **worker) == 0
     assert _value(samples, "llm_worker_memory_used_bytes", **worker, source="process-rss") == 300_000_000
     assert _value(samples, "llm_worker_memory_total_bytes", **worker, source="process-rss") == 8_000_000_000
+    assert _value(samples, "llm_worker_prefix_cache_queries_total", **worker) == 400
+    assert _value(samples, "llm_worker_prefix_cache_hits_total", **worker) == 300
     assert _value(samples, "llm_canary_split_percent", stable="stable", candidate="") == 0
 
 

@@ -1,4 +1,5 @@
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -234,3 +235,64 @@ def test_a_queue_refusal_charges_nothing():
     assert float(sync_redis().hget(keys.bucket_user("c1"), "tokens")) == pytest.approx(9, abs=0.01)
     assert sync_redis().zrange(keys.inflight("c1"), 0, -1) == ["r1"]
     assert sync_redis().hkeys(keys.key_token_reservations("c1")) == ["r1"]
+
+
+# --- affinity: a conversation's next turn on the worker that answered its last ----------------
+
+
+def _turn(request_id: str, conversation: str, client_id: str = "guest:a") -> None:
+    job = dataclasses.replace(generation_job(request_id, client_id=client_id), conversation_id=conversation)
+    assert job_enqueue(tier="normal", job=job, max_queued=100, wait_slo_s=1000, max_wait_s=60).admitted
+
+
+def _serving(**last_seen: float) -> None:
+    sync_redis().zadd(keys.serving(MODEL), last_seen)
+
+
+def _claimed_by(consumer: str) -> list[str]:
+    async def body(queue):
+        return [job.request_id for job in await queue.claim(total=1, per_tier={"normal": 1})]
+
+    return _with_queue(consumer, body)
+
+
+def test_a_conversation_s_next_turn_is_left_to_the_worker_that_answered_its_last(settings):
+    settings.AFFINITY_WAIT_S = 600  # longer than the test
+    _serving(w1=time.time(), w2=time.time())
+    _turn("turn-1", "conversation-a")
+    assert _claimed_by("w1") == ["turn-1"]
+    _turn("turn-2", "conversation-a")
+    _turn("other", "conversation-b", client_id="guest:b")
+
+    assert _claimed_by("w2") == ["other"]  # another conversation's turn goes first meanwhile
+    assert _claimed_by("w2") == []
+    assert _claimed_by("w1") == ["turn-2"]
+
+
+def test_past_the_bound_any_worker_takes_the_turn(settings):
+    settings.AFFINITY_WAIT_S = 0.2
+    _serving(w1=time.time(), w2=time.time())
+    _turn("turn-1", "conversation-a")
+    assert _claimed_by("w1") == ["turn-1"]
+    _turn("turn-2", "conversation-a")
+    deadline = time.monotonic() + 10
+    while not (claimed := _claimed_by("w2")):
+        assert time.monotonic() < deadline, "the turn was never released to another worker"
+        _serving(w1=time.time(), w2=time.time())  # both keep serving
+        time.sleep(0.05)
+    assert claimed == ["turn-2"]
+
+
+def test_a_draining_or_dead_worker_loses_its_conversations_at_once(settings):
+    settings.AFFINITY_WAIT_S = 600
+    _serving(w1=time.time(), w2=time.time(), w3=time.time())
+    for n, conversation in enumerate(["conversation-a", "conversation-b"]):
+        _turn(f"{conversation}-1", conversation, client_id=f"guest:{n}")
+        assert _claimed_by("w1") == [f"{conversation}-1"]
+        _turn(f"{conversation}-2", conversation, client_id=f"guest:{n}")
+    assert _claimed_by("w2") == []
+
+    sync_redis().zrem(keys.serving(MODEL), "w1")  # draining: it leaves the serving workers
+    assert _claimed_by("w2") == ["conversation-a-2"]
+    _serving(w1=time.time() - 60)  # back, but its heartbeat stopped a minute ago: dead
+    assert _claimed_by("w3") == ["conversation-b-2"]

@@ -80,6 +80,7 @@ class Command(BaseCommand):
                 api_key=key,
                 requests_per_minute=options["requests_per_minute"],
                 tokens_per_minute=options["tokens_per_minute"],
+                fair_share_weight=key.fair_share_weight,
             )
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc

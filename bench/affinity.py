@@ -1,0 +1,111 @@
+"""Conversation affinity with two real vLLM workers: customers holding conversations of 4 to 6
+turns, with a turn left briefly to the worker that answered the conversation's previous one
+(AFFINITY_WAIT_S) and without (0); TTFT of the later turns and the workers' prefix-cache hit
+rate, read from their heartbeats (vLLM's own counts)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from bench.client import Session
+from bench.stack import UNLIMITED, question, running
+from bench.stats import distribution
+from scheduler import keys
+
+WORKERS = 2
+CUSTOMERS = 6  # conversations under way at once
+THINK_S = 1.0
+ENGINE = {
+    **UNLIMITED,
+    "INFERENCE_ENGINE": "vllm",
+    "CHAT_ANSWER_STYLE": "generated",  # every turn the model's: its prompt holds the conversation
+    "GENERATION_MAX_TOKENS": "48",
+    "GENERATION_TIMEOUT_S": "600",
+}
+MODES = {"affinity": {"AFFINITY_WAIT_S": "0.25"}, "none": {"AFFINITY_WAIT_S": "0"}}
+
+
+async def _prefix_cache(redis_url: str) -> tuple[int, int]:
+    """The live workers' prefix-cache lookups and hits, summed (tokens, since each started)."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        queries = hits = 0
+        for worker in await client.zrange(keys.WORKERS_INDEX, 0, -1):
+            beat = await client.get(keys.worker_heartbeat(worker))
+            if beat:
+                state = json.loads(beat)
+                queries += state.get("prefix_cache_queries", 0)
+                hits += state.get("prefix_cache_hits", 0)
+        return queries, hits
+    finally:
+        await client.aclose()
+
+
+async def _customer(base_url: str, n: int, turns: int, ttfts: list[tuple[int, float]]) -> None:
+    session = Session(base_url)
+    try:
+        conversation = await session.open_page()
+        for turn in range(turns):
+            sent = time.perf_counter()
+            response = await session.post_message(conversation, question(n + turn))
+            if response.status != 202:
+                raise RuntimeError(f"a turn was refused: {response.status} {response.body!r}")
+            trace = await session.stream(response.json()["stream_url"], timeout_s=600)
+            if trace.token_times:
+                ttfts.append((turn, trace.token_times[0] - sent))
+            await asyncio.sleep(THINK_S)
+    finally:
+        session.close()
+
+
+async def _phase(base_url: str, redis_url: str, *, conversations: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    turns = [rng.randint(4, 6) for _ in range(conversations)]
+    ttfts: list[tuple[int, float]] = []
+    queries_before, hits_before = await _prefix_cache(redis_url)
+    pending = list(enumerate(turns))
+    running_now: set[asyncio.Task] = set()
+    while pending or running_now:
+        while pending and len(running_now) < CUSTOMERS:
+            n, count = pending.pop(0)
+            running_now.add(asyncio.create_task(_customer(base_url, n, count, ttfts)))
+        done, running_now = await asyncio.wait(running_now, return_when=asyncio.FIRST_COMPLETED)
+        for task in done:
+            task.result()
+    await asyncio.sleep(2.5)  # a heartbeat or two: the last turns' lookups counted
+    queries_after, hits_after = await _prefix_cache(redis_url)
+    queries = queries_after - queries_before
+    return {
+        "turns": len(ttfts),
+        "ttft_later_turns_s": distribution([s for turn, s in ttfts if turn >= 1]),
+        "ttft_all_turns_s": distribution([s for _, s in ttfts]),
+        "prefix_cache_queries": queries,
+        "prefix_cache_hit_rate": (hits_after - hits_before) / queries if queries else None,
+    }
+
+
+def affinity(*, runs: int, conversations: int) -> dict[str, Any]:
+    report: dict[str, Any] = {
+        "workers": WORKERS,
+        "customers": CUSTOMERS,
+        "conversations": conversations,
+        "runs": [],
+    }
+    for run in range(1, runs + 1):
+        row: dict[str, Any] = {}
+        for mode, env in MODES.items():
+            with running({**ENGINE, **env}) as stack:
+                for _ in range(WORKERS - 1):
+                    stack.start_worker()
+                print(f"  run {run}: {mode}", flush=True)
+                row[mode] = asyncio.run(
+                    _phase(stack.base_url, stack.redis.url, conversations=conversations, seed=run)
+                )
+        report["runs"].append(row)
+    return report

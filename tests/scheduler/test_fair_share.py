@@ -1,0 +1,206 @@
+import asyncio
+
+from scheduler import keys
+from scheduler.fair_share import FairShare, fair_share_settle
+from scheduler.generation import Origin
+from scheduler.queues import JobQueue, job_enqueue
+from scheduler.redis import new_async_redis, sync_redis
+from tests.generation_jobs import MODEL, generation_job
+
+
+def _enqueue(
+    request_id: str,
+    *,
+    client_id: str,
+    origin: Origin = Origin.CHAT,
+    max_tokens: int = 16,
+    tier: str = "normal",
+    weight: float = 1.0,
+) -> None:
+    job = generation_job(request_id, tier=tier, client_id=client_id, origin=origin, max_tokens=max_tokens)
+    admitted = job_enqueue(
+        tier=tier,
+        job=job,
+        max_queued=1000,
+        wait_slo_s=10_000,
+        max_wait_s=600,
+        share=FairShare.of(job, weight=weight),
+    )
+    assert admitted.admitted
+
+
+def _claims(*, one_at_a_time: int, fair_share: bool = True, tiers: dict[str, int] | None = None) -> list[str]:
+    """The request ids a worker claims, one per free slot, `one_at_a_time` times."""
+
+    async def run() -> list[str]:
+        client = new_async_redis()
+        queue = JobQueue(client, model=MODEL, consumer="w1", fair_share=fair_share)
+        await queue.ensure_groups()
+        try:
+            claimed = []
+            for _ in range(one_at_a_time):
+                jobs = await queue.claim(total=1, per_tier=tiers or {"vip": 1, "normal": 1, "batch": 1})
+                claimed += [job.request_id for job in jobs]
+            return claimed
+        finally:
+            await client.aclose()
+
+    return asyncio.run(run())
+
+
+def test_a_flooding_key_cannot_starve_a_chat_customer_who_asked_after_it():
+    for n in range(20):
+        _enqueue(f"flood-{n}", client_id="key:1", origin=Origin.API)
+    _enqueue("chat-0", client_id="guest:a")
+    _enqueue("chat-1", client_id="guest:a")
+
+    claimed = _claims(one_at_a_time=4)
+
+    # Arrival order would serve the customer 21st and 22nd.
+    assert {"chat-0", "chat-1"} <= set(claimed)
+    assert claimed.index("chat-0") < claimed.index("chat-1")
+
+
+def test_arrival_order_is_kept_when_fair_share_is_off():
+    for n in range(5):
+        _enqueue(f"flood-{n}", client_id="key:1", origin=Origin.API)
+    _enqueue("chat-0", client_id="guest:a")
+
+    assert _claims(one_at_a_time=3, fair_share=False) == ["flood-0", "flood-1", "flood-2"]
+
+
+def test_a_source_alone_gets_every_slot_in_its_own_order():
+    for n in range(6):
+        _enqueue(f"only-{n}", client_id="key:1", origin=Origin.API)
+
+    async def run() -> list[str]:
+        client = new_async_redis()
+        queue = JobQueue(client, model=MODEL, consumer="w1", fair_share=True)
+        await queue.ensure_groups()
+        try:
+            jobs = await queue.claim(total=6, per_tier={"vip": 6, "normal": 6, "batch": 6})
+            return [job.request_id for job in jobs]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(run()) == [f"only-{n}" for n in range(6)]
+
+
+def test_sources_are_charged_by_tokens_not_requests():
+    for n in range(5):
+        _enqueue(f"long-{n}", client_id="key:long", origin=Origin.API, max_tokens=1000)
+        _enqueue(f"short-{n}", client_id="key:short", origin=Origin.API, max_tokens=10)
+
+    claimed = _claims(one_at_a_time=6)
+
+    # One long answer costs as much as the short source's five together.
+    assert sorted(claimed) == ["long-0", "short-0", "short-1", "short-2", "short-3", "short-4"]
+
+
+def test_a_heavier_weight_gets_a_larger_share():
+    for n in range(9):
+        _enqueue(f"gold-{n}", client_id="key:gold", origin=Origin.API, weight=2.0)
+        _enqueue(f"plain-{n}", client_id="key:plain", origin=Origin.API)
+
+    claimed = _claims(one_at_a_time=9)
+
+    assert sum(1 for r in claimed if r.startswith("gold")) == 6
+    assert sum(1 for r in claimed if r.startswith("plain")) == 3
+
+
+def test_an_answer_shorter_than_its_most_is_charged_what_it_used():
+    # Both sources are served one answer of at most 1000 tokens; the second one used 10.
+    for n in range(3):
+        _enqueue(f"a-{n}", client_id="key:a", origin=Origin.API, max_tokens=1000)
+        _enqueue(f"b-{n}", client_id="key:b", origin=Origin.API, max_tokens=1000)
+    first, second = _claims(one_at_a_time=2)
+    assert first[0] != second[0]
+    used_little = generation_job(second, client_id="key:" + second[0], origin=Origin.API, max_tokens=1000)
+
+    async def settle() -> None:
+        client = new_async_redis()
+        try:
+            await fair_share_settle(
+                client,
+                model=MODEL,
+                tier="normal",
+                share=FairShare.of(used_little),
+                prompt_tokens=4,
+                completion_tokens=10,
+            )
+        finally:
+            await client.aclose()
+
+    asyncio.run(settle())
+
+    [third] = _claims(one_at_a_time=1)
+    assert third[0] == second[0]  # the source that used little is served again first
+
+
+def test_a_source_back_from_idle_banks_no_more_than_the_credit():
+    # key:old was served long ago, before key:busy took the tier alone for many answers.
+    _enqueue("old-0", client_id="key:old", origin=Origin.API, max_tokens=100)
+    assert _claims(one_at_a_time=1) == ["old-0"]
+    for n in range(30):
+        _enqueue(f"busy-{n}", client_id="key:busy", origin=Origin.API, max_tokens=100)
+    assert len(_claims(one_at_a_time=20)) == 20
+    for n in range(5):
+        _enqueue(f"old-{n + 1}", client_id="key:old", origin=Origin.API, max_tokens=100)
+
+    claimed = _claims(one_at_a_time=8)
+
+    # Starting 20 answers behind would take the next 5 slots and more; the idle credit (256
+    # tokens, about 2 of these answers) gives it the next few, then the two alternate.
+    olds = [n for n, r in enumerate(claimed) if r.startswith("old")]
+    busies = [n for n, r in enumerate(claimed) if r.startswith("busy")]
+    assert busies and busies[0] <= 4
+    assert len(olds) >= 3
+
+
+def test_the_chat_customer_waits_behind_vip_still():
+    for n in range(3):
+        _enqueue(f"normal-{n}", client_id="guest:a")
+    _enqueue("vip-0", client_id="guest:b", tier="vip")
+
+    assert _claims(one_at_a_time=2) == ["vip-0", "normal-0"]
+
+
+def test_jobs_waiting_their_turn_are_not_taken_over_as_expired_leases():
+    for n in range(3):
+        _enqueue(f"r{n}", client_id="key:1", origin=Origin.API)
+
+    async def run() -> tuple[list[str], list[str]]:
+        client = new_async_redis()
+        queue = JobQueue(client, model=MODEL, consumer="w1", fair_share=True)
+        await queue.ensure_groups()
+        try:
+            claimed = await queue.claim(total=1, per_tier={"normal": 1})
+            runnable, exhausted = await queue.reclaim_expired(lease_s=0, max_count=10, max_attempts=3)
+            return [job.request_id for job in claimed], [job.request_id for job in runnable + exhausted]
+        finally:
+            await client.aclose()
+
+    claimed, taken_over = asyncio.run(run())
+    assert claimed == ["r0"]
+    assert taken_over == ["r0"]  # the claimed one's lease (0 s) expired; r1, r2 still wait
+    assert sync_redis().llen(keys.fair_backlog_prefix(MODEL, "normal") + "api:key:1") == 2
+
+
+def test_a_job_taken_to_pause_an_answer_for_must_be_of_a_source_served_less():
+    for n in range(3):
+        _enqueue(f"flood-{n}", client_id="key:1", origin=Origin.API)
+    assert _claims(one_at_a_time=2) == ["flood-0", "flood-1"]
+
+    async def claim_under(source: str) -> list[str]:
+        client = new_async_redis()
+        queue = JobQueue(client, model=MODEL, consumer="w1", fair_share=True)
+        try:
+            jobs = await queue.claim(total=1, per_tier={"normal": 1}, under_share_of=source)
+            return [job.request_id for job in jobs]
+        finally:
+            await client.aclose()
+
+    # The key's own next job is never taken to pause its answer for.
+    assert asyncio.run(claim_under("api:key:1")) == []
+    _enqueue("chat-0", client_id="guest:a")
+    assert asyncio.run(claim_under("api:key:1")) == ["chat-0"]
