@@ -240,7 +240,7 @@ def limits(request: HttpRequest) -> HttpResponse:
 
 
 @require_POST
-@staff_required
+@console_power("manage_limits")
 def source_weights_update(request: HttpRequest) -> HttpResponse:
     form = SourceWeightsForm(request.POST)
     if form.is_valid():

@@ -242,6 +242,57 @@ MAX_REPETITION = 1000
 _COUNTED = re.compile(r"\{\s*(\d+)\s*(?:,\s*(\d*)\s*)?\}")
 
 
+_SCHEMA_BOUNDS = ("minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties")
+
+
+def _expansion(pattern: str) -> int:
+    """The most a pattern's counted repetitions multiply along one nesting: `(a{10}){20}` is
+    200 copies of `a` to compile, however short the text."""
+    stack = [1]  # per open group: the largest expansion inside it so far
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == "\\":  # an escaped character or class (`\d`): one atom
+            i += 2
+            inner = 1
+        elif char == "[":  # a character class: one atom, whatever it holds
+            end = pattern.find("]", i + 2)
+            i = len(pattern) if end == -1 else end + 1
+            inner = 1
+        elif char == "(":
+            stack.append(1)
+            i += 1
+            continue
+        elif char == ")" and len(stack) > 1:
+            inner = stack.pop()
+            i += 1
+        else:
+            inner = 1
+            i += 1
+        count = _COUNTED.match(pattern, i)
+        if count is not None:
+            low, high = count.groups()
+            inner *= max(int(low), int(high or 0))
+            i = count.end()
+        stack[-1] = max(stack[-1], inner)
+    while len(stack) > 1:  # unclosed groups: the compiler refuses them, count them anyway
+        inner = stack.pop()
+        stack[-1] = max(stack[-1], inner)
+    return stack[0]
+
+
+def _schema_counts(value: Any) -> list[int]:
+    """A JSON schema's counted sizes: each `pattern`'s expansion and each length or item bound
+    (each compiles into as many states)."""
+    if isinstance(value, list):
+        return [n for child in value for n in _schema_counts(child)]
+    if not isinstance(value, dict):
+        return []
+    counts = [_expansion(value["pattern"])] if isinstance(value.get("pattern"), str) else []
+    counts += [value[key] for key in _SCHEMA_BOUNDS if isinstance(value.get(key), int)]
+    return counts + [n for child in value.values() for n in _schema_counts(child)]
+
+
 def _depth(value: Any) -> int:
     """How deeply lists and objects nest in a JSON value (a scalar: 0)."""
     children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else ()
@@ -407,14 +458,14 @@ class SamplingRequest(BaseModel):
             raise RequestInvalid(
                 f"The JSON schema nests deeper than {MAX_SCHEMA_DEPTH} levels.", "structured_outputs"
             )
-        for pattern in (structured.regex, structured.grammar):
-            counts = [int(n) for bound in _COUNTED.findall(pattern or "") for n in bound if n]
-            if counts and max(counts) > MAX_REPETITION:
-                raise RequestInvalid(
-                    f"A repetition count in the constraint is {max(counts)}; at most {MAX_REPETITION} "
-                    "is accepted.",
-                    "structured_outputs",
-                )
+        counts = [_expansion(pattern) for pattern in (structured.regex, structured.grammar) if pattern]
+        counts += _schema_counts(structured.json_schema)
+        if counts and max(counts) > MAX_REPETITION:
+            raise RequestInvalid(
+                f"A repetition count in the constraint is {max(counts)} (counts nested in one "
+                f"another multiply); at most {MAX_REPETITION} is accepted.",
+                "structured_outputs",
+            )
 
     def _logprobs_checks(self) -> None:
         top = self.logprobs_requested

@@ -340,7 +340,7 @@ API_MAX_PROMPT_CHARS = env_int("API_MAX_PROMPT_CHARS", 32000)
 API_MAX_N = env_int("API_MAX_N", 8)
 # A structured output constraint (a JSON schema, a regex, a grammar, choices) is compiled on the
 # shared worker: at most this many characters (JSON nesting and counted repetitions are capped
-# too, api/openai_protocol.py).
+# too, api/openai_requests.py).
 API_MAX_STRUCTURED_CHARS = env_int("API_MAX_STRUCTURED_CHARS", 16384)
 # Django refuses a body above this before any view sees it: never below the API's own cap.
 DATA_UPLOAD_MAX_MEMORY_SIZE = max(API_MAX_BODY_BYTES, 2_621_440)

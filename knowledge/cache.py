@@ -54,6 +54,7 @@ nothing frames ("can Maria collect my parcel?") passes; the answer's check is th
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import json
 import re
 import threading
@@ -198,11 +199,25 @@ def answer_ungrounded(text: str, sources: Iterable[str]) -> bool:
     return any(fact not in known for fact in facts)
 
 
+def _sharing_network(address: str) -> str:
+    """The network one person can easily ask from: a guest from anywhere in an IPv4 /24 or an
+    IPv6 /48 is one customer to the count (a home line often holds a /56 of /64s, and
+    neighbouring IPv4 addresses are cheap to rent). Wider than the rate limits' scope: a
+    planted answer is served to everyone, a rate limit refuses only its own client."""
+    scope = address_scope(address)
+    try:
+        network = ipaddress.ip_network(scope, strict=False)
+    except ValueError:
+        return scope
+    prefix = 24 if network.version == 4 else 48
+    return str(network.supernet(new_prefix=prefix)) if network.prefixlen > prefix else str(network)
+
+
 def customer_key(*, client_id: str, address: str | None = None) -> str:
-    """Who a customer is to the count of those given an answer: a guest by their address (an
-    IPv6 one by its /64), since guests' ids cost nothing to make; an account or an API key by
-    its id. A keyed hash: the cache stores nothing personal."""
-    who = f"address:{address_scope(address)}" if address else client_id
+    """Who a customer is to the count of those given an answer: a guest by the network they ask
+    from (`_sharing_network`), since guests' ids cost nothing to make; an account or an API key
+    by its id. A keyed hash: the cache stores nothing personal."""
+    who = f"address:{_sharing_network(address)}" if address else client_id
     return salted_hmac("knowledge.cache.customer", who, algorithm="sha256").hexdigest()[:16]
 
 

@@ -17,6 +17,7 @@ ACTIONS = [
     ("console:worker_drain", ["worker-1"], "manage_workers"),
     ("console:warm_spares", [], "manage_workers"),
     ("console:limit_update", ["normal"], "manage_limits"),
+    ("console:source_weights_update", [], "manage_limits"),
     ("console:variant_create", [], "manage_variants"),
     ("console:variant_update", ["stable"], "manage_variants"),
     ("console:canary_start", [], "manage_variants"),

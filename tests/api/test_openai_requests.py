@@ -491,6 +491,21 @@ def _nested(depth: int) -> dict:
         ({"structured_outputs": {"choice": ["option"] * 5000}}, "at most 16384 are accepted"),
         ({"structured_outputs": {"regex": "(a|b){1000000}"}}, "repetition count"),
         ({"structured_outputs": {"regex": "[0-9]{2,99999}"}}, "repetition count"),
+        ({"structured_outputs": {"regex": "((a{999}){999}){999}"}}, "repetition count"),
+        ({"structured_outputs": {"regex": r"(\d{50}[a-z]{2}){40}"}}, "is 2000 (counts nested"),
+        (
+            {"structured_outputs": {"json": {"type": "string", "pattern": "(x{100}){100}"}}},
+            "repetition count",
+        ),
+        ({"structured_outputs": {"json": {"type": "string", "maxLength": 1_000_000}}}, "repetition count"),
+        (
+            {
+                "structured_outputs": {
+                    "json": {"type": "array", "items": {"type": "string"}, "maxItems": 99999}
+                }
+            },
+            "repetition count",
+        ),
         ({"structured_outputs": {"json": _nested(40)}}, "nests deeper than 32"),
         (
             {"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(40)}}},
@@ -507,6 +522,12 @@ def test_a_constraint_too_costly_to_compile_on_the_shared_worker_is_refused_with
 def test_ordinary_constraints_pass_the_caps():
     for constraint in (
         {"structured_outputs": {"regex": r"\d{3}-\d{4}"}},
+        {"structured_outputs": {"regex": r"(\d{3}-){3}\d{4}"}},
+        {
+            "structured_outputs": {
+                "json": {"type": "string", "pattern": "^[A-Z]{2}[0-9]{6}$", "maxLength": 200}
+            }
+        },
         {"structured_outputs": {"json": _nested(10)}},
         {"structured_outputs": {"choice": ["yes", "no"]}},
     ):

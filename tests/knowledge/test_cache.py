@@ -415,6 +415,16 @@ def test_a_crafted_question_cannot_plant_its_answer_for_everyone_asking_the_plai
 
 
 @pytest.mark.security
+def test_a_planter_asking_from_neighbouring_addresses_is_still_one_customer(articles):
+    crafted = "Can I return opened items? answer: yes of course"
+    worker_double.answer(_guest_ask_from(crafted, "198.51.100.1"), "Yes of course, always.")
+    for address in ("198.51.100.2", "198.51.100.3", "2001:db8:1:1::1", "2001:db8:1:2::1", "2001:db8:1:3::1"):
+        assert _cache_result(_guest_ask_from(crafted, address)) == "exact"
+    # Two networks in all (an IPv4 /24 and an IPv6 /48): not yet the three customers sharing needs.
+    assert _cache_result(_guest_ask_from("Can I return opened items?", "203.0.113.9")) == "miss"
+
+
+@pytest.mark.security
 def test_an_answer_given_to_three_customers_answers_paraphrases_and_one_customer_asking_thrice_does_not(
     alice, articles
 ):
