@@ -9,8 +9,10 @@ charged when it is claimed with its most (prompt and `max_tokens`; a prompt toke
 FAIR_SHARE_PROMPT_TOKEN_WEIGHT of an answer's), and settled with what it used when it ends, so
 a source with many answers under way counts them while they run. A source that starts waiting
 again starts no lower than the floor (the least counter of the sources waiting) less
-FAIR_SHARE_IDLE_CREDIT_TOKENS: an idle spell banks at most that much. A source alone is served
-at once (work-conserving).
+FAIR_SHARE_IDLE_CREDIT_TOKENS: an idle spell banks at most that much. When the last waiting
+source leaves (or one is served straight from the stream with none waiting), the floor rises to
+its counter, so a source served alone does not bank what it was served against a newcomer. A
+source alone is served at once (work-conserving).
 
 The counters are soft state in Redis: losing them (a Redis restart without its data) only
 resets every share to even; the jobs are the streams' entries, and the backlogs that order them
@@ -138,19 +140,32 @@ local function fair_charge(counters_key, active_key, source, amount)
   redis.call('ZADD', counters_key, counter, source)
   redis.call('ZADD', active_key, 'XX', counter, source)
 end
-local function fair_leave(counters_key, active_key, source)
+-- The last source to stop waiting leaves the floor at its counter (VTC's rule): a source served
+-- with no competition raises the floor as it is served, so a newcomer starts level with it
+-- less the idle credit, not with everything it was served alone.
+local function fair_last_left(floor_key, counter)
+  local floor = tonumber(redis.call('GET', floor_key)) or 0
+  if tonumber(counter) > floor then redis.call('SET', floor_key, counter) end
+end
+local function fair_leave(counters_key, active_key, floor_key, source)
   local counter = redis.call('ZSCORE', active_key, source)
   if counter then
     redis.call('ZADD', counters_key, counter, source)
     redis.call('ZREM', active_key, source)
+    if redis.call('ZCARD', active_key) == 0 then fair_last_left(floor_key, counter) end
   end
 end
--- Remember the floor, and forget the counters of sources below what they would be lifted to
--- (a waiting source's stays in `active`).
-local function fair_tidy(counters_key, active_key, floor_key, credit)
+-- Remember the floor, and forget the counters below it less the credit (they would be lifted to
+-- that): with the floor raised by the last to leave, that keeps the sources served recently.
+-- Past `kept` counters (sources each served less than the credit, none raising the floor), the
+-- least-served are forgotten too: each starts at the floor less the credit when it comes back,
+-- ahead of its own counter by less than that credit. A waiting source's stays in `active`.
+local function fair_tidy(counters_key, active_key, floor_key, credit, kept)
   local floor = fair_floor(active_key, floor_key)
   redis.call('SET', floor_key, floor)
   redis.call('ZREMRANGEBYSCORE', counters_key, '-inf', '(' .. (floor - credit))
+  local extra = redis.call('ZCARD', counters_key) - kept
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', counters_key, 0, extra - 1) end
 end
 """
 
