@@ -280,12 +280,13 @@ _RECORD_CLAIM = (
     + """
 -- A job claimed by a blocking read (its tier had nothing waiting) moves its tier's claimed
 -- counter and, with fair share, is charged to its source (with none waiting, it is the last to
--- leave: the floor rises to its counter).
+-- leave: the floor rises to its counter) and remembered as its conversation's worker (only the
+-- fair claim reads that).
 -- KEYS: claimed, fair counters, fair active, fair floor, the conversation's affinity ('' none)
 -- ARGV: seq, fair share (1/0), source, charge, idle credit, consumer, affinity lifetime (s),
 --       most counters kept
-if KEYS[5] ~= '' then redis.call('SET', KEYS[5], ARGV[6], 'EX', tonumber(ARGV[7])) end
 if ARGV[2] == '1' then
+  if KEYS[5] ~= '' then redis.call('SET', KEYS[5], ARGV[6], 'EX', tonumber(ARGV[7])) end
   redis.call('INCR', KEYS[1])
   fair_start(KEYS[2], KEYS[3], KEYS[4], ARGV[3], tonumber(ARGV[5]))
   fair_charge(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
