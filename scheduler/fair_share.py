@@ -1,8 +1,9 @@
 """Fair share between the sources of traffic inside a tier, by tokens served (the Virtual Token
 Counter of "Fairness in Serving Large Language Models", OSDI 2024).
 
-A job's source is set by the server from who it is for: a chat customer, an API key, a batch
-job's owner, a quality score's variant; nothing a client sends names it. Each source has a
+A job's source is set by the server from who it is for: a chat customer (a guest by their
+address, as their rate limits), an API key, a batch job's owner, a quality score's variant;
+nothing a client sends names it. Each source has a
 counter of the tokens it was served in the tier (prompt and answer, divided by its weight): the
 claim (scheduler.queues) takes the next job of the waiting source with the least. A job is
 charged when it is claimed with its most (prompt and `max_tokens`; a prompt token counts
@@ -30,6 +31,7 @@ from django.conf import settings
 from scheduler import keys
 from scheduler.generation import GenerationJob, Origin
 from scheduler.models import SourceWeight
+from scheduler.rate_limits import address_scope
 from scheduler.redis import async_script
 
 # A rough count of prompt tokens from its characters: the charge at claim is corrected by the
@@ -50,13 +52,18 @@ class FairShare:
         return tokens / self.weight
 
     @classmethod
-    def of(cls, job: GenerationJob, *, weight: float = 1.0) -> FairShare:
-        return cls(source=job_source(job), weight=weight, cost=job_cost(job))
+    def of(cls, job: GenerationJob, *, weight: float = 1.0, guest_address: str | None = None) -> FairShare:
+        return cls(source=job_source(job, guest_address=guest_address), weight=weight, cost=job_cost(job))
 
 
-def job_source(job: GenerationJob) -> str:
+def job_source(job: GenerationJob, *, guest_address: str | None = None) -> str:
     """The source a job's share is counted for: its origin and its server-set client id (the
-    conversation's customer, the API key, the batch job's owner, the quality score's variant)."""
+    conversation's customer, the API key, the batch job's owner, the quality score's variant).
+    A guest (`guest_address`, admission's for guests only) counts by their address (an IPv6 one
+    by its /64), as their per-address limits do: guest ids cost nothing to make, so one client
+    making many would otherwise take a share with each."""
+    if guest_address:
+        return f"{job.origin}:address:{address_scope(guest_address)}"
     return f"{job.origin}:{job.client_id}"
 
 
@@ -103,12 +110,14 @@ def weights_forget() -> None:
     _weights = None
 
 
-def job_fair_share(job: GenerationJob, *, key_weight: float | None = None) -> FairShare:
-    """The job's source, weight and charge: an API call's key may have its own weight
-    (`key_weight`), every other job takes its origin's."""
+def job_fair_share(
+    job: GenerationJob, *, key_weight: float | None = None, guest_address: str | None = None
+) -> FairShare:
+    """The job's source (a guest's by `guest_address`), weight and charge: an API call's key may
+    have its own weight (`key_weight`), every other job takes its origin's."""
     if key_weight is not None and job.origin == Origin.API:
         return FairShare.of(job, weight=key_weight)
-    return FairShare.of(job, weight=kind_weights()[str(job.origin)])
+    return FairShare.of(job, weight=kind_weights()[str(job.origin)], guest_address=guest_address)
 
 
 # Lua shared by the claim and the settlement. Counters live in two sorted sets per tier: all

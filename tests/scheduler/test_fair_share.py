@@ -1,6 +1,9 @@
 import asyncio
 
+import pytest
+
 from scheduler import keys
+from scheduler.admission import request_submit
 from scheduler.fair_share import FairShare, fair_share_settle
 from scheduler.generation import Origin
 from scheduler.queues import JobQueue, job_enqueue
@@ -265,3 +268,19 @@ def test_one_off_sources_served_less_than_the_credit_are_not_all_remembered(sett
         assert _claims(one_at_a_time=1) == [f"guest-{n}"]
 
     assert sync_redis().zcard(keys.fair_counters(MODEL, "normal")) <= 5
+
+
+@pytest.mark.django_db
+def test_a_guest_making_many_sessions_gets_one_share_of_its_address():
+    # One client opens a session per question (a new guest id each time, free to make).
+    for n in range(8):
+        flood = generation_job(client_id=f"guest:f{n // 2}", max_tokens=100)
+        request_submit(job=flood, client_address="203.0.113.7")
+    other = [generation_job(client_id="guest:z", max_tokens=100) for _ in range(2)]
+    for job in other:
+        request_submit(job=job, client_address="198.51.100.2")
+
+    claimed = _claims(one_at_a_time=4)
+
+    # Four sessions would be four shares, served before the other guest's second question.
+    assert {job.request_id for job in other} <= set(claimed)
