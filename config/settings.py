@@ -410,6 +410,10 @@ FAIR_SHARE = env_bool("FAIR_SHARE", True)
 # The most tokens of service a source that was idle may be ahead of the busiest-served waiting
 # one when it starts waiting again: what an idle spell banks.
 FAIR_SHARE_IDLE_CREDIT_TOKENS = env_int("FAIR_SHARE_IDLE_CREDIT_TOKENS", 256)
+# The most sources a tier remembers the counters of: past it, the least-served are forgotten
+# (each starts at the floor less the idle credit when it comes back). Bounds the counters of a
+# stream of one-off sources, each served less than the credit.
+FAIR_SHARE_SOURCES_KEPT = env_int("FAIR_SHARE_SOURCES_KEPT", 10_000)
 # What a prompt token counts for its source's share beside an answer's token (VTC's w_p, w_q
 # being 1): prefill is batched and the help center's prefix is cached, decoding holds a slot.
 FAIR_SHARE_PROMPT_TOKEN_WEIGHT = env_float("FAIR_SHARE_PROMPT_TOKEN_WEIGHT", 0.25)

@@ -242,7 +242,9 @@ def _admit(*, job: GenerationJob, client_address: str | None, limits: KeyLimits,
             wait_slo_s=policy.wait_slo_s,
             max_wait_s=policy.max_wait_s,
             charge=charge,
-            share=fair_share.job_fair_share(job, key_weight=limits.fair_share_weight),
+            share=fair_share.job_fair_share(
+                job, key_weight=limits.fair_share_weight, guest_address=client_address
+            ),
         )
     except (redis.ConnectionError, redis.TimeoutError) as exc:
         raise _unavailable(exc) from exc

@@ -1,16 +1,19 @@
 """Fair share between the sources of traffic inside a tier, by tokens served (the Virtual Token
 Counter of "Fairness in Serving Large Language Models", OSDI 2024).
 
-A job's source is set by the server from who it is for: a chat customer, an API key, a batch
-job's owner, a quality score's variant; nothing a client sends names it. Each source has a
+A job's source is set by the server from who it is for: a chat customer (a guest by their
+address, as their rate limits), an API key, a batch job's owner, a quality score's variant;
+nothing a client sends names it. Each source has a
 counter of the tokens it was served in the tier (prompt and answer, divided by its weight): the
 claim (scheduler.queues) takes the next job of the waiting source with the least. A job is
 charged when it is claimed with its most (prompt and `max_tokens`; a prompt token counts
 FAIR_SHARE_PROMPT_TOKEN_WEIGHT of an answer's), and settled with what it used when it ends, so
 a source with many answers under way counts them while they run. A source that starts waiting
 again starts no lower than the floor (the least counter of the sources waiting) less
-FAIR_SHARE_IDLE_CREDIT_TOKENS: an idle spell banks at most that much. A source alone is served
-at once (work-conserving).
+FAIR_SHARE_IDLE_CREDIT_TOKENS: an idle spell banks at most that much. When the last waiting
+source leaves (or one is served straight from the stream with none waiting), the floor rises to
+its counter, so a source served alone does not bank what it was served against a newcomer. A
+source alone is served at once (work-conserving).
 
 The counters are soft state in Redis: losing them (a Redis restart without its data) only
 resets every share to even; the jobs are the streams' entries, and the backlogs that order them
@@ -28,6 +31,7 @@ from django.conf import settings
 from scheduler import keys
 from scheduler.generation import GenerationJob, Origin
 from scheduler.models import SourceWeight
+from scheduler.rate_limits import address_scope
 from scheduler.redis import async_script
 
 # A rough count of prompt tokens from its characters: the charge at claim is corrected by the
@@ -48,13 +52,18 @@ class FairShare:
         return tokens / self.weight
 
     @classmethod
-    def of(cls, job: GenerationJob, *, weight: float = 1.0) -> FairShare:
-        return cls(source=job_source(job), weight=weight, cost=job_cost(job))
+    def of(cls, job: GenerationJob, *, weight: float = 1.0, guest_address: str | None = None) -> FairShare:
+        return cls(source=job_source(job, guest_address=guest_address), weight=weight, cost=job_cost(job))
 
 
-def job_source(job: GenerationJob) -> str:
+def job_source(job: GenerationJob, *, guest_address: str | None = None) -> str:
     """The source a job's share is counted for: its origin and its server-set client id (the
-    conversation's customer, the API key, the batch job's owner, the quality score's variant)."""
+    conversation's customer, the API key, the batch job's owner, the quality score's variant).
+    A guest (`guest_address`, admission's for guests only) counts by their address (an IPv6 one
+    by its /64), as their per-address limits do: guest ids cost nothing to make, so one client
+    making many would otherwise take a share with each."""
+    if guest_address:
+        return f"{job.origin}:address:{address_scope(guest_address)}"
     return f"{job.origin}:{job.client_id}"
 
 
@@ -101,12 +110,14 @@ def weights_forget() -> None:
     _weights = None
 
 
-def job_fair_share(job: GenerationJob, *, key_weight: float | None = None) -> FairShare:
-    """The job's source, weight and charge: an API call's key may have its own weight
-    (`key_weight`), every other job takes its origin's."""
+def job_fair_share(
+    job: GenerationJob, *, key_weight: float | None = None, guest_address: str | None = None
+) -> FairShare:
+    """The job's source (a guest's by `guest_address`), weight and charge: an API call's key may
+    have its own weight (`key_weight`), every other job takes its origin's."""
     if key_weight is not None and job.origin == Origin.API:
         return FairShare.of(job, weight=key_weight)
-    return FairShare.of(job, weight=kind_weights()[str(job.origin)])
+    return FairShare.of(job, weight=kind_weights()[str(job.origin)], guest_address=guest_address)
 
 
 # Lua shared by the claim and the settlement. Counters live in two sorted sets per tier: all
@@ -138,19 +149,32 @@ local function fair_charge(counters_key, active_key, source, amount)
   redis.call('ZADD', counters_key, counter, source)
   redis.call('ZADD', active_key, 'XX', counter, source)
 end
-local function fair_leave(counters_key, active_key, source)
+-- The last source to stop waiting leaves the floor at its counter (VTC's rule): a source served
+-- with no competition raises the floor as it is served, so a newcomer starts level with it
+-- less the idle credit, not with everything it was served alone.
+local function fair_last_left(floor_key, counter)
+  local floor = tonumber(redis.call('GET', floor_key)) or 0
+  if tonumber(counter) > floor then redis.call('SET', floor_key, counter) end
+end
+local function fair_leave(counters_key, active_key, floor_key, source)
   local counter = redis.call('ZSCORE', active_key, source)
   if counter then
     redis.call('ZADD', counters_key, counter, source)
     redis.call('ZREM', active_key, source)
+    if redis.call('ZCARD', active_key) == 0 then fair_last_left(floor_key, counter) end
   end
 end
--- Remember the floor, and forget the counters of sources below what they would be lifted to
--- (a waiting source's stays in `active`).
-local function fair_tidy(counters_key, active_key, floor_key, credit)
+-- Remember the floor, and forget the counters below it less the credit (they would be lifted to
+-- that): with the floor raised by the last to leave, that keeps the sources served recently.
+-- Past `kept` counters (sources each served less than the credit, none raising the floor), the
+-- least-served are forgotten too: each starts at the floor less the credit when it comes back,
+-- ahead of its own counter by less than that credit. A waiting source's stays in `active`.
+local function fair_tidy(counters_key, active_key, floor_key, credit, kept)
   local floor = fair_floor(active_key, floor_key)
   redis.call('SET', floor_key, floor)
   redis.call('ZREMRANGEBYSCORE', counters_key, '-inf', '(' .. (floor - credit))
+  local extra = redis.call('ZCARD', counters_key) - kept
+  if extra > 0 then redis.call('ZREMRANGEBYRANK', counters_key, 0, extra - 1) end
 end
 """
 

@@ -38,7 +38,8 @@ def fair_backlog_prefix(model: str, tier: str) -> str:
 
 def fair_counters(model: str, tier: str) -> str:
     """Sorted set: source id -> virtual tokens served in the tier (weighted prompt + output
-    tokens); sources at or below the floor are forgotten (they would be lifted to it anyway)."""
+    tokens); sources below the floor less the idle credit are forgotten (they would be lifted
+    to it anyway), and past FAIR_SHARE_SOURCES_KEPT the least-served."""
     return f"llm:{{{model}}}:fair:{tier}:counters"
 
 
@@ -48,8 +49,9 @@ def fair_active(model: str, tier: str) -> str:
 
 
 def fair_floor(model: str, tier: str) -> str:
-    """String: the least virtual tokens served of the tier's waiting sources when it last had
-    one; a source that starts waiting again starts no lower than this less the idle credit."""
+    """String: the least virtual tokens served of the tier's waiting sources, or the last one's
+    to stop waiting (never lowered); a source that starts waiting again starts no lower than
+    this less the idle credit."""
     return f"llm:{{{model}}}:fair:{tier}:floor"
 
 

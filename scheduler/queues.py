@@ -115,7 +115,7 @@ _CLAIM = (
 --       call, the source a job must be under the share of ('' for any), the affinity keys'
 --       prefix, how long a job is left to its conversation's worker (s, 0: never), how long
 --       a conversation remembers it (s), a serving worker's heartbeat lifetime (s), then per
---       tier: the most to take, its backlogs' key prefix
+--       tier: the most to take, its backlogs' key prefix; last, the most counters kept per tier
 local out = {}
 local group, consumer = ARGV[1], ARGV[2]
 local left = tonumber(ARGV[3])
@@ -125,6 +125,7 @@ local tiers = (#KEYS - 1) / 5
 local serving_key = KEYS[#KEYS]
 local affinity_prefix, affinity_wait = ARGV[11], tonumber(ARGV[12])
 local affinity_ttl, serving_stale_s = tonumber(ARGV[13]), tonumber(ARGV[14])
+local kept = tonumber(ARGV[#ARGV])
 local clock = redis.call('TIME')
 local t = tonumber(clock[1]) + tonumber(clock[2]) / 1000000
 local function key(i, n) return KEYS[5 * i + n] end
@@ -209,9 +210,9 @@ local function take_fair(i, count)
         taken = taken + 1
       end
     end
-    if redis.call('LLEN', backlog) == 0 then fair_leave(key(i, 3), key(i, 4), source) end
+    if redis.call('LLEN', backlog) == 0 then fair_leave(key(i, 3), key(i, 4), key(i, 5), source) end
   end
-  fair_tidy(key(i, 3), key(i, 4), key(i, 5), credit)
+  fair_tidy(key(i, 3), key(i, 4), key(i, 5), credit, kept)
   if taken > 0 then redis.call('INCRBY', key(i, 2), taken) end
   return taken
 end
@@ -278,14 +279,21 @@ _RECORD_CLAIM = (
     fair_share.LUA
     + """
 -- A job claimed by a blocking read (its tier had nothing waiting) moves its tier's claimed
--- counter and, with fair share, is charged to its source.
+-- counter and, with fair share, is charged to its source (with none waiting, it is the last to
+-- leave: the floor rises to its counter) and remembered as its conversation's worker (only the
+-- fair claim reads that).
 -- KEYS: claimed, fair counters, fair active, fair floor, the conversation's affinity ('' none)
--- ARGV: seq, fair share (1/0), source, charge, idle credit, consumer, affinity lifetime (s)
-if KEYS[5] ~= '' then redis.call('SET', KEYS[5], ARGV[6], 'EX', tonumber(ARGV[7])) end
+-- ARGV: seq, fair share (1/0), source, charge, idle credit, consumer, affinity lifetime (s),
+--       most counters kept
 if ARGV[2] == '1' then
+  if KEYS[5] ~= '' then redis.call('SET', KEYS[5], ARGV[6], 'EX', tonumber(ARGV[7])) end
   redis.call('INCR', KEYS[1])
   fair_start(KEYS[2], KEYS[3], KEYS[4], ARGV[3], tonumber(ARGV[5]))
   fair_charge(KEYS[2], KEYS[3], ARGV[3], ARGV[4])
+  if redis.call('ZCARD', KEYS[3]) == 0 then
+    fair_last_left(KEYS[4], redis.call('ZSCORE', KEYS[2], ARGV[3]))
+  end
+  fair_tidy(KEYS[2], KEYS[3], KEYS[4], tonumber(ARGV[5]), tonumber(ARGV[8]))
   return 1
 end
 local top = tonumber(redis.call('GET', KEYS[1])) or 0
@@ -603,6 +611,7 @@ class JobQueue:
                 settings.AFFINITY_TTL_S,
                 settings.WORKER_HEARTBEAT_TTL_S,
                 *tier_args,
+                settings.FAIR_SHARE_SOURCES_KEPT,
             ],
         )
         return [
@@ -640,6 +649,7 @@ class JobQueue:
                             fair_share.idle_credit(),
                             self.consumer,
                             settings.AFFINITY_TTL_S,
+                            settings.FAIR_SHARE_SOURCES_KEPT,
                         ],
                     )
                 )

@@ -1,6 +1,9 @@
 import asyncio
 
+import pytest
+
 from scheduler import keys
+from scheduler.admission import request_submit
 from scheduler.fair_share import FairShare, fair_share_settle
 from scheduler.generation import Origin
 from scheduler.queues import JobQueue, job_enqueue
@@ -204,3 +207,80 @@ def test_a_job_taken_to_pause_an_answer_for_must_be_of_a_source_served_less():
     assert asyncio.run(claim_under("api:key:1")) == []
     _enqueue("chat-0", client_id="guest:a")
     assert asyncio.run(claim_under("api:key:1")) == ["chat-0"]
+
+
+def test_a_source_served_alone_all_night_is_not_starved_by_a_newcomer_in_the_morning():
+    # key:night asks one answer at a time through the night: each is served at once, alone.
+    for n in range(40):
+        _enqueue(f"night-{n}", client_id="key:night", origin=Origin.API, max_tokens=100)
+        assert _claims(one_at_a_time=1) == [f"night-{n}"]
+    # In the morning a chat customer starts asking, and the key goes on.
+    for n in range(10):
+        _enqueue(f"chat-{n}", client_id="guest:morning", max_tokens=100)
+        _enqueue(f"key-{n}", client_id="key:night", origin=Origin.API, max_tokens=100)
+
+    claimed = _claims(one_at_a_time=8)
+
+    # The customer starts with the idle credit (about 2 of these answers) over the key, not
+    # with the 40 answers the key was served alone.
+    assert sum(1 for r in claimed if r.startswith("key-")) >= 3
+
+
+def test_a_source_served_alone_by_the_idle_workers_read_is_not_starved_by_a_newcomer():
+    async def serve_alone(n: int) -> list[str]:
+        client = new_async_redis()
+        queue = JobQueue(client, model=MODEL, consumer="w1", fair_share=True)
+        await queue.ensure_groups()
+        try:
+            jobs = await queue.claim_blocking(["normal"], timeout_s=5)
+            await queue.recordings_wait(timeout_s=5)
+            return [job.request_id for job in jobs]
+        finally:
+            await client.aclose()
+
+    for n in range(40):
+        _enqueue(f"night-{n}", client_id="key:night", origin=Origin.API, max_tokens=100)
+        assert asyncio.run(serve_alone(n)) == [f"night-{n}"]
+    for n in range(10):
+        _enqueue(f"chat-{n}", client_id="guest:morning", max_tokens=100)
+        _enqueue(f"key-{n}", client_id="key:night", origin=Origin.API, max_tokens=100)
+
+    claimed = _claims(one_at_a_time=8)
+
+    assert sum(1 for r in claimed if r.startswith("key-")) >= 3
+
+
+def test_counters_of_sources_gone_quiet_are_forgotten():
+    for n in range(30):
+        _enqueue(f"guest-{n}", client_id=f"guest:{n}", max_tokens=1000)
+        assert _claims(one_at_a_time=1) == [f"guest-{n}"]
+
+    # Each left the tier last, raising the floor past the earlier ones' counters.
+    assert sync_redis().zcard(keys.fair_counters(MODEL, "normal")) <= 2
+
+
+def test_one_off_sources_served_less_than_the_credit_are_not_all_remembered(settings):
+    settings.FAIR_SHARE_SOURCES_KEPT = 5
+    # Each guest asks one short question alone: none raises the floor, every counter is kept
+    # within the credit below it, one more per guest.
+    for n in range(20):
+        _enqueue(f"guest-{n}", client_id=f"guest:{n}", max_tokens=16)
+        assert _claims(one_at_a_time=1) == [f"guest-{n}"]
+
+    assert sync_redis().zcard(keys.fair_counters(MODEL, "normal")) <= 5
+
+
+@pytest.mark.django_db
+def test_a_guest_making_many_sessions_gets_one_share_of_its_address():
+    # One client opens a session per question (a new guest id each time, free to make).
+    for n in range(8):
+        flood = generation_job(client_id=f"guest:f{n // 2}", max_tokens=100)
+        request_submit(job=flood, client_address="203.0.113.7")
+    other = [generation_job(client_id="guest:z", max_tokens=100) for _ in range(2)]
+    for job in other:
+        request_submit(job=job, client_address="198.51.100.2")
+
+    claimed = _claims(one_at_a_time=4)
+
+    # Four sessions would be four shares, served before the other guest's second question.
+    assert {job.request_id for job in other} <= set(claimed)

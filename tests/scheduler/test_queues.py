@@ -256,6 +256,29 @@ def _claimed_by(consumer: str) -> list[str]:
     return _with_queue(consumer, body)
 
 
+def _claimed_by_blocking_read(consumer: str) -> list[str]:
+    async def body(queue):
+        jobs = await queue.claim_blocking(["normal"], timeout_s=5)
+        await queue.recordings_wait(timeout_s=5)
+        return [job.request_id for job in jobs]
+
+    return _with_queue(consumer, body)
+
+
+def test_an_idle_worker_s_read_remembers_the_conversation_only_with_fair_share(settings):
+    # Affinity is read by the fair claim only: without it, a turn leaves no key behind.
+    settings.FAIR_SHARE = False
+    _turn("turn-1", "conversation-a")
+    assert _claimed_by_blocking_read("w1") == ["turn-1"]
+    assert sync_redis().get(keys.claimed_seq(MODEL, "normal")) == "1"  # the claim was recorded
+    assert sync_redis().get(keys.affinity_prefix(MODEL) + "conversation-a") is None
+
+    settings.FAIR_SHARE = True
+    _turn("turn-2", "conversation-b", client_id="guest:b")
+    assert _claimed_by_blocking_read("w1") == ["turn-2"]
+    assert sync_redis().get(keys.affinity_prefix(MODEL) + "conversation-b") == "w1"
+
+
 def test_a_conversation_s_next_turn_is_left_to_the_worker_that_answered_its_last(settings):
     settings.AFFINITY_WAIT_S = 600  # longer than the test
     _serving(w1=time.time(), w2=time.time())
