@@ -10,9 +10,11 @@ from tests.e2e.stack import Stack
 
 # Generous limits: these tests are about the path of a message, not about refusals.
 SPINE_SETTINGS = {
-    # Every test client comes from 127.0.0.1: the per-address cap on open streams would be the
-    # whole suite's (tests/chat/test_consumers.py tests the cap itself).
+    # Every test client comes from 127.0.0.1, and one client follows twenty answers at once in
+    # the fault tests: the caps on open streams would be the suite's, not the product's
+    # (tests/chat/test_consumers.py tests the caps themselves).
     "STREAMS_MAX_PER_ADDRESS": "100000",
+    "STREAMS_MAX_PER_CLIENT": "100000",
     "INFERENCE_ENGINE": "simulated",
     "INFERENCE_MAX_NUM_SEQS": "8",
     "VIP_RESERVED_SLOTS": "2",

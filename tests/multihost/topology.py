@@ -97,8 +97,9 @@ class MultiHost:
             # Clients come through nginx; probes reach each web host directly.
             DJANGO_ALLOWED_HOSTS=",".join(self.address(host) for host in ("lb", "web1", "web2")),
             TRUSTED_PROXIES=self.address("lb"),
-            # The test's clients all come from one host.
+            # The test's clients all come from one host, and follow many answers each.
             STREAMS_MAX_PER_ADDRESS="100000",
+            STREAMS_MAX_PER_CLIENT="100000",
             **self.settings_env,
         )
 
