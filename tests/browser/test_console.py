@@ -78,7 +78,7 @@ def test_the_dashboard_queue_depth_rises_under_load_and_falls_after(staff_page, 
     try:
         # The page refreshes itself every 2 s: no reload here.
         page.wait_for_function(
-            "() => Number(document.getElementById('queue-depth-total').dataset.value) >= 10", timeout=20_000
+            "() => Number(document.getElementById('queue-depth-total').dataset.value) >= 10", timeout=60_000
         )
         peak = _queue_depth(page)
         expect(page.locator(f"tr[data-model='{MODEL}'][data-tier='normal'] [data-queued]")).not_to_have_text(
