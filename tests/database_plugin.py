@@ -51,8 +51,12 @@ def pytest_load_initial_conftests(early_config, parser, args):
             raise pytest.UsageError(str(exc)) from None
         _postgres.start()
         os.environ["DATABASE_URL"] = _postgres.url("support_chat")
-        # A loaded test machine opens a burst of connections slowly (the concurrent-post tests
-        # open eight at once): a wait for the pool is the harness's, not a refusal to test.
+        # The suite's process outlives many event loops, and each async test's executor thread
+        # keeps the pooled connection it used until that thread ends (a web process has a few
+        # such threads, the suite has one per async test): a larger pool than a web process's
+        # leaves room for the concurrent-post tests' eight at once, which a loaded machine also
+        # opens slowly.
+        os.environ.setdefault("DATABASE_POOL_SIZE", "60")
         os.environ.setdefault("DATABASE_POOL_TIMEOUT_S", "60")
     else:
         # The unit tests' database is SQLite in memory; e2e stacks make their own files.
