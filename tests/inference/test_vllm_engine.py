@@ -321,25 +321,6 @@ def test_the_engine_computes_in_the_dtype_chosen_for_this_machine(vllm_engine: E
     assert str(engine.model_config.dtype).removeprefix("torch.") == expected
 
 
-def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -> None:
-    """Runs last in this module: it kills the shared engine's core process."""
-    engine = vllm_engine.engine
-
-    async def scenario() -> None:
-        stream = engine.generate(_request("doomed", LONG_ANSWER, 200))
-        await anext(stream)
-        for process in psutil.Process().children(recursive=True):
-            if "EngineCore" in process.name():
-                os.kill(process.pid, signal.SIGKILL)
-        with pytest.raises(EngineDeadError):
-            async for _ in stream:
-                pass
-        with pytest.raises(EngineDeadError):
-            await _collect(engine, _request("after-death", "Hello", 4))
-
-    vllm_engine.run(scenario())
-
-
 def test_vllm_serve_given_the_server_flags_builds_the_workers_engine():
     """The differential tests compare the product with `vllm serve` started with these flags:
     parsed by vLLM's own server, they must give the engine arguments the worker uses."""
@@ -475,3 +456,23 @@ def test_the_largest_constraint_the_api_accepts_compiles_while_another_answer_st
         f"longest pause of the other answer while the largest constraint compiled: "
         f"{longest_gap_s * 1000:.0f} ms"
     )
+
+
+def test_engine_core_death_raises_engine_dead_error(vllm_engine: EngineOnLoop) -> None:
+    """Last in this module (pytest keeps the file's order): it kills the shared engine's core
+    process, which every test after it would find dead."""
+    engine = vllm_engine.engine
+
+    async def scenario() -> None:
+        stream = engine.generate(_request("doomed", LONG_ANSWER, 200))
+        await anext(stream)
+        for process in psutil.Process().children(recursive=True):
+            if "EngineCore" in process.name():
+                os.kill(process.pid, signal.SIGKILL)
+        with pytest.raises(EngineDeadError):
+            async for _ in stream:
+                pass
+        with pytest.raises(EngineDeadError):
+            await _collect(engine, _request("after-death", "Hello", 4))
+
+    vllm_engine.run(scenario())
