@@ -5,6 +5,7 @@ REDIS_URL is set before pytest-django sets Django up.
 """
 
 import os
+import signal
 import tempfile
 from pathlib import Path
 
@@ -18,6 +19,9 @@ _server: RedisServer | None = None
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     global _server
+    # `kill` (SIGTERM) stops the run as Ctrl-C does: fixtures stop their stacks, and
+    # pytest_unconfigure this server, instead of leaving them running without their owner.
+    signal.signal(signal.SIGTERM, _interrupted)
     try:
         _server = RedisServer(Path(tempfile.mkdtemp(prefix="test-redis-")))
     except RuntimeError as exc:  # no redis-server: every test needs it, one line says so
@@ -33,6 +37,10 @@ def pytest_load_initial_conftests(early_config, parser, args):
     # Settings refuse to start without a secret key; the processes tests start inherit this one.
     os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-secret-key-never-used-outside-the-test-suite")
     return (yield)
+
+
+def _interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def pytest_unconfigure(config):

@@ -9,6 +9,7 @@ environment, where REDIS_URL may name the machine's own Redis.
 from __future__ import annotations
 
 import argparse
+import signal
 import subprocess
 import sys
 import tomllib
@@ -144,6 +145,8 @@ class PytestRunner:
         configuration = str(Path(settings.BASE_DIR) / "pyproject.toml")
         command = [sys.executable, "-m", "pytest", "-c", configuration, *self.pytest_arguments(test_labels)]
         with subprocess.Popen(command, cwd=settings.BASE_DIR) as pytest_run:
+            # Told to stop, pytest stops what it started first (tests/redis_plugin.py).
+            signal.signal(signal.SIGTERM, lambda signum, frame: pytest_run.send_signal(signum))
             try:
                 return pytest_run.wait()
             except KeyboardInterrupt:
