@@ -1,5 +1,5 @@
 """The check every sentence of a `verified` answer passes before the customer reads it, run by
-the worker as the model writes (inference.worker): a sentence is shown once it is whole and
+the worker as the model writes (inference.answering): a sentence is shown once it is whole and
 holds only what the help center's sentences the answer was given say.
 
 A sentence fails when

@@ -1,5 +1,5 @@
-"""The worker's decisions, without processes: which tiers may start (`_room`), aging, and each
-way a job can end in `_serve_job`. A scripted engine stands in for the model; the queue, the
+"""The worker's decisions, without processes: which tiers may start (`Slots.room`), aging, and
+each way a job can end (`inference.answering`). A scripted engine stands in for the model; the queue, the
 result stream and the generation record are the real ones (test Redis, test database)."""
 
 from __future__ import annotations
@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
-from inference import worker as worker_module
+from inference import outcomes as outcomes_module
 from inference.engines.base import Delta, EngineDeadError, EngineRequestError, EngineStats, GenerationRequest
 from inference.engines.simulated import SimulatedEngine, simulated_answer_tokens
 from inference.metrics import FAIR_SHARE_PREEMPTIONS, PREEMPTIONS
-from inference.worker import InferenceWorker, WorkerConfig, _Running
+from inference.slots import Answer
+from inference.worker import InferenceWorker, WorkerConfig
 from scheduler import control, keys
 from scheduler.admission import request_submit
 from scheduler.fair_share import FairShare
@@ -36,7 +37,6 @@ from scheduler.models import Generation, TierPolicy, WarmPool
 from scheduler.policy import policies_mirror
 from scheduler.queues import Job, JobQueue
 from scheduler.redis import new_async_redis, sync_redis
-from scheduler.results import ResultPublisher
 from scheduler.services import GenerationOutcome, generation_finish
 from scheduler.warmpool import serving_decide, serving_leave, spares_mirror
 from tests.generation_jobs import MODEL, generation_job
@@ -236,14 +236,14 @@ def test_a_stop_that_comes_while_the_answer_is_being_stored_changes_nothing(monk
     late to cancel it. It ends `done` as written, and its slot and place are given back."""
     request_id = _submit()
     storing, release = threading.Event(), threading.Event()
-    store = worker_module.generations_finish
+    store = outcomes_module.generations_finish
 
     def slow_store(finished):
         storing.set()
         release.wait(10)
         return store(finished)
 
-    monkeypatch.setattr(worker_module, "generations_finish", slow_store)
+    monkeypatch.setattr(outcomes_module, "generations_finish", slow_store)
     worker = _worker(ScriptedEngine("Your ", "order ", "shipped."))
 
     async def stop_while_storing(worker: InferenceWorker, job: Job) -> None:
@@ -338,8 +338,7 @@ def _with_queue(worker: InferenceWorker, body: Callable[[], Awaitable[Any]]) -> 
 
     async def scenario() -> Any:
         client = new_async_redis()
-        worker.queue = JobQueue(client, model=MODEL, consumer=worker.worker_id)
-        worker.publisher = ResultPublisher(client)
+        worker.connect(client)
         publishing = asyncio.create_task(worker.publisher.run())
         try:
             await worker.queue.ensure_groups()
@@ -409,7 +408,7 @@ def test_a_job_that_fails_unexpectedly_frees_its_slot_and_waits_for_its_lease():
 def test_a_stopping_worker_gives_up_on_redis_at_its_deadline_and_a_serving_one_waits_it_out():
     import redis
 
-    from inference.worker import RedisGaveUp
+    from inference.stopping import RedisGaveUp
 
     failures = 0
 
@@ -425,12 +424,12 @@ def test_a_stopping_worker_gives_up_on_redis_at_its_deadline_and_a_serving_one_w
 
     async def scenario() -> tuple[str, float]:
         worker = _worker(ScriptedEngine())
-        written = await worker._retrying(redis_down_for_three_tries)
+        written = await worker.retry(redis_down_for_three_tries)
         loop = asyncio.get_running_loop()
-        worker._give_up_at = loop.time() + 0.3  # as drain() sets it
+        worker.retry.give_up_at = loop.time() + 0.3  # as drain() sets it
         started = loop.time()
         with pytest.raises(RedisGaveUp):
-            await worker._retrying(never_up)
+            await worker.retry(never_up)
         return written, loop.time() - started
 
     written, gave_up_after_s = asyncio.run(scenario())
@@ -497,30 +496,30 @@ def _running(worker: InferenceWorker, *tiers: str) -> None:
             generation=generation,
             share=FairShare.of(generation),
         )
-        worker.running[job.request_id] = _Running(job=job)
+        worker.running[job.request_id] = Answer(job=job)
 
 
 def test_normal_and_batch_work_leave_the_vip_reserve_free():
     worker = _worker(ScriptedEngine(), vip_reserved_slots=1, batch_max_slots=2)  # 4 slots
-    assert worker._room() == {Tier.VIP: 4, Tier.NORMAL: 3, Tier.BATCH: 2}
+    assert worker.slots.room() == {Tier.VIP: 4, Tier.NORMAL: 3, Tier.BATCH: 2}
     _running(worker, Tier.NORMAL, Tier.NORMAL)
-    assert worker._room() == {Tier.VIP: 2, Tier.NORMAL: 1, Tier.BATCH: 1}
+    assert worker.slots.room() == {Tier.VIP: 2, Tier.NORMAL: 1, Tier.BATCH: 1}
     _running(worker, Tier.NORMAL, Tier.NORMAL, Tier.NORMAL)
-    assert worker._room() == {Tier.VIP: 1, Tier.NORMAL: 0, Tier.BATCH: 0}
+    assert worker.slots.room() == {Tier.VIP: 1, Tier.NORMAL: 0, Tier.BATCH: 0}
 
 
 def test_vip_work_does_not_use_up_the_room_of_normal_work_beyond_the_slots():
     worker = _worker(ScriptedEngine(), vip_reserved_slots=1, batch_max_slots=2)
     _running(worker, Tier.VIP, Tier.VIP)
-    assert worker._room() == {Tier.VIP: 2, Tier.NORMAL: 2, Tier.BATCH: 2}
+    assert worker.slots.room() == {Tier.VIP: 2, Tier.NORMAL: 2, Tier.BATCH: 2}
     _running(worker, Tier.VIP, Tier.VIP, Tier.BATCH, Tier.BATCH)
-    assert worker._room() == {Tier.VIP: 0, Tier.NORMAL: 0, Tier.BATCH: 0}
+    assert worker.slots.room() == {Tier.VIP: 0, Tier.NORMAL: 0, Tier.BATCH: 0}
 
 
 def test_batch_work_holds_at_most_its_share_of_slots():
     worker = _worker(ScriptedEngine(), vip_reserved_slots=0, batch_max_slots=2)
     _running(worker, Tier.BATCH, Tier.BATCH)
-    assert worker._room() == {Tier.VIP: 2, Tier.NORMAL: 2, Tier.BATCH: 0}
+    assert worker.slots.room() == {Tier.VIP: 2, Tier.NORMAL: 2, Tier.BATCH: 0}
 
 
 def test_a_normal_job_waiting_past_the_aging_time_goes_before_vip():
@@ -550,7 +549,7 @@ def _entry_ms(entry_id: str) -> int:
     return int(entry_id.split("-")[0])
 
 
-def _generating(worker: InferenceWorker, *tiers: str) -> list[_Running]:
+def _generating(worker: InferenceWorker, *tiers: str) -> list[Answer]:
     """Answers being written, started one second apart in the order given."""
     _running(worker, *tiers)
     entries = list(worker.running.values())
@@ -563,16 +562,16 @@ def _generating(worker: InferenceWorker, *tiers: str) -> list[_Running]:
 def test_a_vip_job_preempts_the_youngest_normal_answer():
     worker = _worker(ScriptedEngine(), vip_reserved_slots=1)
     _, older, younger, _ = _generating(worker, Tier.VIP, Tier.NORMAL, Tier.NORMAL, Tier.VIP)
-    assert worker._preemption_victim() is younger
+    assert worker.slots.preemption_victim() is younger
     younger.paused = True  # a paused answer holds no slot and is not taken twice
-    assert worker._preemption_victim() is older
-    assert worker._room()[Tier.VIP] == 1
+    assert worker.slots.preemption_victim() is older
+    assert worker.slots.room()[Tier.VIP] == 1
 
 
 def test_batch_work_is_preempted_before_any_normal_answer():
     worker = _worker(ScriptedEngine(), vip_reserved_slots=0)
     batch, _younger_normal, _, _ = _generating(worker, Tier.BATCH, Tier.NORMAL, Tier.VIP, Tier.VIP)
-    assert worker._preemption_victim() is batch
+    assert worker.slots.preemption_victim() is batch
 
 
 def test_vip_answers_cancelled_answers_and_structured_outputs_are_never_preempted():
@@ -586,7 +585,7 @@ def test_vip_answers_cancelled_answers_and_structured_outputs_are_never_preempte
             sampling=SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0, structured=StructuredOutput()),
         ),
     )
-    assert worker._preemption_victim() is None
+    assert worker.slots.preemption_victim() is None
 
 
 def test_answers_that_would_not_resume_as_they_were_are_never_preempted():
@@ -601,7 +600,7 @@ def test_answers_that_would_not_resume_as_they_were_are_never_preempted():
         )
     # A frequency penalty resumes as it was (the engine counts the tokens written before the
     # pause): that answer is the one paused; a presence penalty would not.
-    assert worker._preemption_victim() is penalised
+    assert worker.slots.preemption_victim() is penalised
     penalised.job = dataclasses.replace(
         penalised.job,
         generation=dataclasses.replace(
@@ -609,7 +608,7 @@ def test_answers_that_would_not_resume_as_they_were_are_never_preempted():
             sampling=SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0, presence_penalty=0.5),
         ),
     )
-    assert worker._preemption_victim() is None
+    assert worker.slots.preemption_victim() is None
     # Greedy decoding ignores the seed: that answer resumes as it was.
     seeded.job = dataclasses.replace(
         seeded.job,
@@ -617,13 +616,13 @@ def test_answers_that_would_not_resume_as_they_were_are_never_preempted():
             seeded.job.generation, sampling=SamplingParams(max_tokens=16, temperature=0.0, top_p=1.0, seed=7)
         ),
     )
-    assert worker._preemption_victim() is seeded
+    assert worker.slots.preemption_victim() is seeded
 
 
 def test_without_vip_preemption_nothing_is_preempted():
     worker = _worker(ScriptedEngine(), vip_preemption=False)
     _generating(worker, Tier.NORMAL, Tier.NORMAL, Tier.NORMAL, Tier.NORMAL)
-    assert worker._preemption_victim() is None
+    assert worker.slots.preemption_victim() is None
 
 
 VIP_AFTER_NORMAL_TOKENS = 16
