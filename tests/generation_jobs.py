@@ -13,6 +13,19 @@ from scheduler.models import Generation
 
 # The model name the test workers serve, and that the variants `stable` and `candidate` name.
 MODEL = settings.INFERENCE_MODEL_NAME
+# A tool an API request offers the model, in OpenAI's shape.
+ORDER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "order_status",
+        "description": "Look up where an order is.",
+        "parameters": {
+            "type": "object",
+            "properties": {"order_id": {"type": "string"}},
+            "required": ["order_id"],
+        },
+    },
+}
 
 
 def generation_job(

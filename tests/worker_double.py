@@ -3,9 +3,13 @@ what was queued, publish events, store how an answer ended."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
+
+from asgiref.sync import async_to_sync
+from django.test import AsyncClient
 
 from scheduler import keys
 from scheduler.generation import AnswerFold, Done, GenerationJob, event_decode
@@ -88,3 +92,25 @@ def answer(request_id: str, *texts: str, model: str = MODEL) -> None:
     """A whole answer: start, the tokens, done; stored as the worker stores it."""
     publish(request_id, ("start", {"attempt": 1}), *tokens(*texts), model=model)
     end(request_id, done(completion_tokens=len(texts)), model=model)
+
+
+def post_answered(
+    path: str, body: dict, headers: dict[str, str], *answers: list[tuple[str, dict[str, Any]]]
+) -> tuple[Any, list[dict[str, Any]], str]:
+    """POST an API request of len(answers) choices while this double answers each with its
+    events: the response, the jobs queued, and the streamed body ('' when not streamed)."""
+
+    async def scenario() -> tuple[Any, list[dict[str, Any]], str]:
+        call = asyncio.create_task(
+            AsyncClient().post(path, json.dumps(body), content_type="application/json", headers=headers)
+        )
+        jobs = await asyncio.to_thread(wait_queued, "normal", len(answers))
+        for job, events in zip(jobs, answers, strict=True):
+            await asyncio.to_thread(publish, job["request_id"], *events)
+        response = await call
+        streamed = (
+            b"".join([chunk async for chunk in response.streaming_content]) if response.streaming else b""
+        )
+        return response, jobs, streamed.decode()
+
+    return async_to_sync(scenario)()

@@ -23,7 +23,7 @@ from scheduler.policy import policies_mirror
 from scheduler.redis import new_async_redis, sync_redis
 from scheduler.routing import canary_mirror
 from tests import worker_double
-from tests.generation_jobs import MODEL
+from tests.generation_jobs import MODEL, ORDER_TOOL
 
 pytestmark = pytest.mark.django_db
 
@@ -540,24 +540,8 @@ def test_a_stream_whose_answer_fails_ends_with_an_error_chunk_and_done(key):
 
 def _with_answers(key: str, body: dict, *answers: list[tuple[str, dict]]) -> tuple[Any, str]:
     """POST a completion of len(answers) choices while the worker double answers each."""
-
-    async def scenario():
-        client = AsyncClient()
-        call = asyncio.create_task(
-            client.post(
-                "/v1/chat/completions", json.dumps(body), content_type="application/json", headers=_auth(key)
-            )
-        )
-        jobs = await asyncio.to_thread(worker_double.wait_queued, "normal", len(answers))
-        for job, events in zip(jobs, answers, strict=True):
-            await asyncio.to_thread(worker_double.publish, job["request_id"], *events)
-        response = await call
-        streamed = (
-            b"".join([chunk async for chunk in response.streaming_content]) if response.streaming else b""
-        )
-        return response, streamed.decode()
-
-    return async_to_sync(scenario)()
+    response, _, streamed = worker_double.post_answered("/v1/chat/completions", body, _auth(key), *answers)
+    return response, streamed
 
 
 def _logprob_token(seq: int, text: str, logprob: float) -> tuple[str, dict]:
@@ -633,15 +617,6 @@ def test_a_streamed_named_tool_call_sends_its_arguments_as_tool_call_deltas(key)
     assert all("id" not in call and call["index"] == 0 for call in calls[1:])
     assert "".join(call["function"]["arguments"] for call in calls) == '{"order_id": 1}'
     assert chunks[-1]["choices"][0]["finish_reason"] == "stop"
-
-
-ORDER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "order_status",
-        "parameters": {"type": "object", "properties": {"id": {"type": "string"}}},
-    },
-}
 
 
 @pytest.fixture

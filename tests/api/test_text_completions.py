@@ -3,13 +3,11 @@ raw prompt queued as it is (no chat template), answered in OpenAI's text_complet
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
 import pytest
-from asgiref.sync import async_to_sync
-from django.test import AsyncClient, Client
+from django.test import Client
 
 from accounts.models import User
 from api import keys as api_keys
@@ -45,23 +43,7 @@ def _queued_anywhere() -> int:
 
 def _with_answers(key: str, body: dict, *answers: list[tuple[str, dict]]) -> tuple[Any, list[dict], str]:
     """POST a completion of len(answers) choices while the worker double answers each."""
-
-    async def scenario():
-        call = asyncio.create_task(
-            AsyncClient().post(
-                "/v1/completions", json.dumps(body), content_type="application/json", headers=_headers(key)
-            )
-        )
-        jobs = await asyncio.to_thread(worker_double.wait_queued, "normal", len(answers))
-        for job, events in zip(jobs, answers, strict=True):
-            await asyncio.to_thread(worker_double.publish, job["request_id"], *events)
-        response = await call
-        streamed = (
-            b"".join([chunk async for chunk in response.streaming_content]) if response.streaming else b""
-        )
-        return response, jobs, streamed.decode()
-
-    return async_to_sync(scenario)()
+    return worker_double.post_answered("/v1/completions", body, _headers(key), *answers)
 
 
 def _with_answer(key: str, body: dict, *events: tuple[str, dict]) -> tuple[Any, dict, str]:

@@ -28,3 +28,16 @@ def make_agent(username: str, *, display_name: str = "", capacity: int = 3) -> U
     agent.user_permissions.add(Permission.objects.get(codename="agent", content_type__app_label="chat"))
     AgentProfile.objects.create(user=agent, display_name=display_name, capacity=capacity)
     return User.objects.get(pk=agent.pk)  # permissions are cached per instance
+
+
+@pytest.fixture
+def alice() -> User:
+    return User.objects.create_user("alice", password="pw")
+
+
+@pytest.fixture
+def client_alice(alice) -> Client:
+    """Alice, signed in."""
+    client = Client()
+    client.force_login(alice)
+    return client

@@ -11,18 +11,6 @@ from tests.generation_jobs import generation_record
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def alice() -> User:
-    return User.objects.create_user("alice", password="pw")
-
-
-@pytest.fixture
-def client_alice(alice) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
-
-
 def _answer(owner: User, status: str = "done") -> Message:
     conversation = Conversation.objects.create(owner=owner)
     return Message.objects.create(

@@ -29,18 +29,6 @@ JSON = {"HTTP_ACCEPT": "application/json"}
 
 
 @pytest.fixture
-def alice() -> User:
-    return User.objects.create_user("alice", password="pw")
-
-
-@pytest.fixture
-def client_alice(alice) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
-
-
-@pytest.fixture
 def conversation(alice) -> Conversation:
     return Conversation.objects.create(owner=alice)
 

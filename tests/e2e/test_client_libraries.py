@@ -13,22 +13,12 @@ import pytest
 from langchain_core.messages import AIMessageChunk
 from langchain_openai import ChatOpenAI
 
+from tests.generation_jobs import ORDER_TOOL
+
 pytestmark = pytest.mark.e2e
 
 QUESTION = "Where is my parcel?"
 ECHO = "[simulated] You asked: Where is my parcel?"
-ORDER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "order_status",
-        "description": "Look up where an order is.",
-        "parameters": {
-            "type": "object",
-            "properties": {"order_id": {"type": "string"}},
-            "required": ["order_id"],
-        },
-    },
-}
 
 
 @pytest.fixture(scope="module")

@@ -32,6 +32,7 @@ import httpx
 import pytest
 
 from tests.e2e.openai_diff import differences, sse_chunks, stream_view, whole_view
+from tests.generation_jobs import ORDER_TOOL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -50,18 +51,6 @@ PYTHONIC_EXAMPLE = [
     {"role": "user", "content": "Where is my order 12345?"},
 ]
 PROMPT = "Dear customer, thank you for your order. Your parcel"
-ORDER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "order_status",
-        "description": "Look up where an order is.",
-        "parameters": {
-            "type": "object",
-            "properties": {"order_id": {"type": "string"}},
-            "required": ["order_id"],
-        },
-    },
-}
 # A function taking a nested model, as pydantic and LangChain write it: `$ref` into `$defs`.
 SHIP_TOOL = {
     "type": "function",
