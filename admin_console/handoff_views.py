@@ -17,9 +17,14 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from admin_console import selectors, services
 from admin_console.access import agent_required, console_power, staff_required
 from admin_console.forms import AgentProfileForm, ExperimentStartForm, HandoffTargetForm
+from admin_console.selectors import canary as canary_selectors
+from admin_console.selectors import experiments as experiments_selectors
+from admin_console.selectors import variants as variants_selectors
+from admin_console.services import experiments as experiments_services
+from admin_console.services import handoff as handoff_services
+from admin_console.services.audit import ConsoleError
 from chat import handoff
 from chat.handoff_selectors import conversation_transcript, inbox_snapshot
 from chat.models import Conversation, HandoffSettings
@@ -95,7 +100,7 @@ def conversation_claim(request: HttpRequest, conversation_id: UUID) -> HttpRespo
     return _acted(
         request,
         conversation_id,
-        lambda: services.handoff_claim(agent=request.user, conversation_id=conversation_id),
+        lambda: handoff_services.handoff_claim(agent=request.user, conversation_id=conversation_id),
     )
 
 
@@ -103,7 +108,7 @@ def conversation_claim(request: HttpRequest, conversation_id: UUID) -> HttpRespo
 @agent_required
 def conversation_reply(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     def reply() -> dict[str, Any]:
-        message = services.handoff_reply(
+        message = handoff_services.handoff_reply(
             agent=request.user, conversation_id=conversation_id, text=request.POST.get("text", "")
         )
         return {
@@ -120,7 +125,7 @@ def conversation_reply(request: HttpRequest, conversation_id: UUID) -> HttpRespo
 @agent_required
 def conversation_note(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     def note() -> dict[str, Any]:
-        saved = services.handoff_note(
+        saved = handoff_services.handoff_note(
             agent=request.user, conversation_id=conversation_id, text=request.POST.get("text", "")
         )
         return {
@@ -139,7 +144,7 @@ def conversation_hand_back(request: HttpRequest, conversation_id: UUID) -> HttpR
     return _acted(
         request,
         conversation_id,
-        lambda: services.handoff_hand_back(agent=request.user, conversation_id=conversation_id),
+        lambda: handoff_services.handoff_hand_back(agent=request.user, conversation_id=conversation_id),
     )
 
 
@@ -149,7 +154,7 @@ def conversation_resolve(request: HttpRequest, conversation_id: UUID) -> HttpRes
     return _acted(
         request,
         conversation_id,
-        lambda: services.handoff_resolve(agent=request.user, conversation_id=conversation_id),
+        lambda: handoff_services.handoff_resolve(agent=request.user, conversation_id=conversation_id),
     )
 
 
@@ -159,7 +164,7 @@ def agent_profile(request: HttpRequest) -> HttpResponse:
     form = AgentProfileForm(request.POST)
     if form.is_valid():
         try:
-            services.agent_profile_set(agent=request.user, **form.cleaned_data)
+            handoff_services.agent_profile_set(agent=request.user, **form.cleaned_data)
         except ValidationError as exc:
             messages.error(request, " ".join(exc.messages))
         else:
@@ -174,7 +179,7 @@ def agent_profile(request: HttpRequest) -> HttpResponse:
 def handoff_target(request: HttpRequest) -> HttpResponse:
     form = HandoffTargetForm(request.POST)
     if form.is_valid():
-        services.handoff_target_set(
+        handoff_services.handoff_target_set(
             actor=request.user, first_response_target_s=form.cleaned_data["first_response_target_s"]
         )
         messages.success(request, "First-response target saved.")
@@ -189,16 +194,16 @@ def handoff_target(request: HttpRequest) -> HttpResponse:
 def _experiments_page(
     request: HttpRequest, form: ExperimentStartForm | None = None, status: int = 200
 ) -> HttpResponse:
-    running = selectors.experiment_running()
-    variants = list(selectors.variants().values_list("name", flat=True))
+    running = experiments_selectors.experiment_running()
+    variants = list(variants_selectors.variants().values_list("name", flat=True))
     return render(
         request,
         "admin_console/experiments.html",
         {
             "section": "experiments",
-            "rollback_alert": selectors.automatic_rollback_alert(),
+            "rollback_alert": canary_selectors.automatic_rollback_alert(),
             "running": experiment_results(experiment=running) if running is not None else None,
-            "ended": selectors.experiments_ended(),
+            "ended": experiments_selectors.experiments_ended(),
             "form": form or ExperimentStartForm(variants=variants),
             "outcomes": outcomes_by_variant(),
             "window_days": f"{settings.HANDOFF_MEASURES_WINDOW_S / 86400:g}",
@@ -220,13 +225,13 @@ def experiments(request: HttpRequest) -> HttpResponse:
 @console_power("manage_variants")
 def experiment_start(request: HttpRequest) -> HttpResponse:
     form = ExperimentStartForm(
-        request.POST, variants=list(selectors.variants().values_list("name", flat=True))
+        request.POST, variants=list(variants_selectors.variants().values_list("name", flat=True))
     )
     if not form.is_valid():
         return _experiments_page(request, form, status=400)
     try:
-        services.experiment_start(actor=request.user, **form.cleaned_data)
-    except (services.ConsoleError, ValidationError) as exc:
+        experiments_services.experiment_start(actor=request.user, **form.cleaned_data)
+    except (ConsoleError, ValidationError) as exc:
         form.add_error(None, exc if isinstance(exc, ValidationError) else str(exc))
         return _experiments_page(request, form, status=400)
     messages.success(request, "Experiment started: each customer now meets one of the two variants.")
@@ -238,8 +243,8 @@ def experiment_start(request: HttpRequest) -> HttpResponse:
 def experiment_end(request: HttpRequest) -> HttpResponse:
     keep = request.POST.get("keep", "")
     try:
-        services.experiment_end(actor=request.user, keep=keep)
-    except services.ConsoleError as exc:
+        experiments_services.experiment_end(actor=request.user, keep=keep)
+    except ConsoleError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Experiment ended: {keep} answers every customer now.")

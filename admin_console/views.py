@@ -13,7 +13,7 @@ from django.utils import timezone
 from django.utils.cache import add_never_cache_headers
 from django.views.decorators.http import require_GET, require_http_methods, require_POST
 
-from admin_console import selectors, services, tasks
+from admin_console import tasks
 from admin_console.access import console_power, staff_required
 from admin_console.forms import (
     AnswerPinForm,
@@ -28,6 +28,22 @@ from admin_console.forms import (
     VariantForm,
     WarmSparesForm,
 )
+from admin_console.selectors import audit as audit_selectors
+from admin_console.selectors import cache as cache_selectors
+from admin_console.selectors import canary as canary_selectors
+from admin_console.selectors import dashboard as dashboard_selectors
+from admin_console.selectors import limits as limits_selectors
+from admin_console.selectors import quality as quality_selectors
+from admin_console.selectors import variants as variants_selectors
+from admin_console.services import api_keys as api_keys_services
+from admin_console.services import articles as articles_services
+from admin_console.services import cache as cache_services
+from admin_console.services import canary as canary_services
+from admin_console.services import limits as limits_services
+from admin_console.services import quality as quality_services
+from admin_console.services import variants as variants_services
+from admin_console.services import workers as workers_services
+from admin_console.services.audit import ConsoleError
 from api import keys as key_services
 from api.keys import IssuedApiKey
 from api.models import ApiKey
@@ -45,7 +61,7 @@ def _render(
     return render(
         request,
         template,
-        {"section": section, "rollback_alert": selectors.automatic_rollback_alert(), **context},
+        {"section": section, "rollback_alert": canary_selectors.automatic_rollback_alert(), **context},
         status=status,
     )
 
@@ -56,22 +72,26 @@ def _render(
 @require_GET
 @staff_required
 def dashboard(request: HttpRequest) -> HttpResponse:
-    return _render(request, "admin_console/dashboard.html", "dashboard", {"dashboard": selectors.dashboard()})
+    return _render(
+        request, "admin_console/dashboard.html", "dashboard", {"dashboard": dashboard_selectors.dashboard()}
+    )
 
 
 @require_GET
 @staff_required
 def dashboard_live(request: HttpRequest) -> HttpResponse:
     """The dashboard's numbers, re-fetched by htmx every 2 s."""
-    return render(request, "admin_console/_live.html", {"dashboard": selectors.dashboard(), "oob": True})
+    return render(
+        request, "admin_console/_live.html", {"dashboard": dashboard_selectors.dashboard(), "oob": True}
+    )
 
 
 @require_POST
 @console_power("manage_workers")
 def worker_drain(request: HttpRequest, worker_id: str) -> HttpResponse:
     try:
-        services.worker_drain(actor=request.user, worker_id=worker_id)
-    except services.ConsoleError as exc:
+        workers_services.worker_drain(actor=request.user, worker_id=worker_id)
+    except ConsoleError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Worker {worker_id} is draining: it finishes its answers, then stops.")
@@ -83,7 +103,7 @@ def worker_drain(request: HttpRequest, worker_id: str) -> HttpResponse:
 def warm_spares(request: HttpRequest) -> HttpResponse:
     form = WarmSparesForm(request.POST)
     if form.is_valid():
-        services.warm_spares_set(actor=request.user, spares=form.cleaned_data["spares"])
+        workers_services.warm_spares_set(actor=request.user, spares=form.cleaned_data["spares"])
         messages.success(request, f"Each model keeps {form.cleaned_data['spares']} warm spares.")
     else:
         messages.error(request, "Warm spares: a whole number from 0 to 16.")
@@ -100,8 +120,8 @@ def _variants_page(
     new: VariantForm | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    quality = selectors.quality_latest_by_variant()
-    grounding = selectors.grounding_by_variant()
+    quality = quality_selectors.quality_latest_by_variant()
+    grounding = variants_selectors.grounding_by_variant()
     rows = [
         (
             bound
@@ -110,7 +130,7 @@ def _variants_page(
             quality.get(variant.name),
             grounding.get(variant.name),
         )
-        for variant in selectors.variants()
+        for variant in variants_selectors.variants()
     ]
     return _render(
         request,
@@ -135,7 +155,7 @@ def variant_create(request: HttpRequest) -> HttpResponse:
         return _variants_page(request, new=form, status=400)
     values = dict(form.cleaned_data)
     try:
-        services.variant_create(actor=request.user, name=values.pop("name"), values=values)
+        variants_services.variant_create(actor=request.user, name=values.pop("name"), values=values)
     except ValidationError as exc:
         form.add_error(None, exc)
         return _variants_page(request, new=form, status=400)
@@ -151,7 +171,7 @@ def variant_update(request: HttpRequest, name: str) -> HttpResponse:
     if not form.is_valid():
         return _variants_page(request, bound=form, status=400)
     try:
-        services.variant_update(actor=request.user, name=name, changes=form.cleaned_data)
+        variants_services.variant_update(actor=request.user, name=name, changes=form.cleaned_data)
     except ValidationError as exc:
         form.add_error(None, exc)
         return _variants_page(request, bound=form, status=400)
@@ -163,13 +183,13 @@ def variant_update(request: HttpRequest, name: str) -> HttpResponse:
 
 
 def _variant_names() -> list[str]:
-    return list(selectors.variants().values_list("name", flat=True))
+    return list(variants_selectors.variants().values_list("name", flat=True))
 
 
 def _cache_page(request: HttpRequest, form: AnswerPinForm | None = None, status: int = 200) -> HttpResponse:
     context = {
-        "figures": selectors.cache_figures(),
-        "pinned": selectors.pinned_answers(),
+        "figures": cache_selectors.cache_figures(),
+        "pinned": cache_selectors.pinned_answers(),
         "form": form or AnswerPinForm(variants=_variant_names()),
     }
     return _render(request, "admin_console/cache.html", "cache", context, status=status)
@@ -188,8 +208,8 @@ def answer_pin(request: HttpRequest) -> HttpResponse:
     if not form.is_valid():
         return _cache_page(request, form, status=400)
     try:
-        services.cached_answer_pin(actor=request.user, **form.cleaned_data)
-    except services.ConsoleError as exc:
+        cache_services.cached_answer_pin(actor=request.user, **form.cleaned_data)
+    except ConsoleError as exc:
         form.add_error(None, str(exc))
         return _cache_page(request, form, status=400)
     messages.success(request, "Answer pinned: it is served to the question and its paraphrases.")
@@ -200,7 +220,7 @@ def answer_pin(request: HttpRequest) -> HttpResponse:
 @console_power("manage_help_center")
 def answer_unpin(request: HttpRequest, entry_id: int) -> HttpResponse:
     try:
-        services.cached_answer_unpin(actor=request.user, entry_id=entry_id)
+        cache_services.cached_answer_unpin(actor=request.user, entry_id=entry_id)
     except CachedAnswer.DoesNotExist as exc:
         raise Http404("No such pinned answer.") from exc
     messages.success(request, "Pinned answer removed.")
@@ -215,7 +235,7 @@ def _policy_forms(bound: TierPolicyForm | None = None) -> list[TierPolicyForm]:
         bound
         if bound is not None and bound.instance.tier == policy.tier
         else TierPolicyForm(instance=policy, prefix=policy.tier)
-        for policy in selectors.tier_policies()
+        for policy in limits_selectors.tier_policies()
     ]
 
 
@@ -228,7 +248,7 @@ def _limits_page(
 ) -> HttpResponse:
     context = {
         "forms": _policy_forms(policy_form),
-        "weights_form": weights_form or SourceWeightsForm(initial=selectors.source_weights()),
+        "weights_form": weights_form or SourceWeightsForm(initial=limits_selectors.source_weights()),
     }
     return _render(request, "admin_console/limits.html", "limits", context, status=status)
 
@@ -245,7 +265,7 @@ def source_weights_update(request: HttpRequest) -> HttpResponse:
     form = SourceWeightsForm(request.POST)
     if form.is_valid():
         try:
-            changed = services.source_weights_set(actor=request.user, weights=form.cleaned_data)
+            changed = limits_services.source_weights_set(actor=request.user, weights=form.cleaned_data)
         except ValidationError as exc:
             form.add_error(None, exc)
         else:
@@ -269,7 +289,7 @@ def limit_update(request: HttpRequest, tier: str) -> HttpResponse:
     form = TierPolicyForm(request.POST, instance=policy, prefix=tier)
     if form.is_valid():
         try:
-            services.policy_update(actor=request.user, tier=tier, changes=form.cleaned_data)
+            limits_services.policy_update(actor=request.user, tier=tier, changes=form.cleaned_data)
         except ValidationError as exc:
             form.add_error(None, exc)
         else:
@@ -290,9 +310,9 @@ def _canary_page(
     split_form: CanarySplitForm | None = None,
     status: int = 200,
 ) -> HttpResponse:
-    overview = selectors.canary_overview()
+    overview = canary_selectors.canary_overview()
     if start_form is None:
-        start_form = CanaryStartForm(candidates=selectors.canary_candidates())
+        start_form = CanaryStartForm(candidates=canary_selectors.canary_candidates())
     if split_form is None:
         split_form = CanarySplitForm(initial={"split_percent": overview.routing.split_percent})
     return _render(
@@ -313,16 +333,16 @@ def canary(request: HttpRequest) -> HttpResponse:
 @require_POST
 @console_power("manage_variants")
 def canary_start(request: HttpRequest) -> HttpResponse:
-    form = CanaryStartForm(request.POST, candidates=selectors.canary_candidates())
+    form = CanaryStartForm(request.POST, candidates=canary_selectors.canary_candidates())
     if form.is_valid():
         try:
-            services.canary_start(
+            canary_services.canary_start(
                 actor=request.user,
                 candidate_variant=form.cleaned_data["candidate_variant"],
                 steps=form.cleaned_data["steps"],
                 rules=form.rules(),
             )
-        except (services.ConsoleError, ValidationError) as exc:
+        except (ConsoleError, ValidationError) as exc:
             form.add_error(None, exc if isinstance(exc, ValidationError) else str(exc))
         else:
             messages.success(request, f"Canary started: {form.cleaned_data['candidate_variant']}.")
@@ -336,8 +356,8 @@ def canary_split(request: HttpRequest) -> HttpResponse:
     form = CanarySplitForm(request.POST)
     if form.is_valid():
         try:
-            services.canary_split_set(actor=request.user, percent=form.cleaned_data["split_percent"])
-        except services.ConsoleError as exc:
+            canary_services.canary_split_set(actor=request.user, percent=form.cleaned_data["split_percent"])
+        except ConsoleError as exc:
             form.add_error(None, str(exc))
         else:
             messages.success(request, f"Split set to {form.cleaned_data['split_percent']}%.")
@@ -349,8 +369,8 @@ def canary_split(request: HttpRequest) -> HttpResponse:
 @console_power("manage_variants")
 def canary_promote(request: HttpRequest) -> HttpResponse:
     try:
-        rollout = services.canary_promote(actor=request.user)
-    except services.ConsoleError as exc:
+        rollout = canary_services.canary_promote(actor=request.user)
+    except ConsoleError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"{rollout.candidate_variant} is now the stable variant.")
@@ -361,8 +381,8 @@ def canary_promote(request: HttpRequest) -> HttpResponse:
 @console_power("manage_variants")
 def canary_rollback(request: HttpRequest) -> HttpResponse:
     try:
-        rollout = services.canary_rollback(actor=request.user)
-    except services.ConsoleError as exc:
+        rollout = canary_services.canary_rollback(actor=request.user)
+    except ConsoleError as exc:
         messages.error(request, str(exc))
     else:
         messages.success(request, f"Rolled back: new conversations go to {rollout.stable_variant} again.")
@@ -373,19 +393,19 @@ def canary_rollback(request: HttpRequest) -> HttpResponse:
 @staff_required
 def canary_quality(request: HttpRequest) -> HttpResponse:
     """The variants' quality scores, re-fetched by htmx every 2 s while one is running."""
-    return render(request, "admin_console/_quality.html", {"overview": selectors.canary_overview()})
+    return render(request, "admin_console/_quality.html", {"overview": canary_selectors.canary_overview()})
 
 
 @require_POST
 @console_power("manage_variants")
 def canary_quality_start(request: HttpRequest) -> HttpResponse:
-    form = QualityRunForm(request.POST, variants=list(selectors.canary_overview().quality))
+    form = QualityRunForm(request.POST, variants=list(canary_selectors.canary_overview().quality))
     if not form.is_valid():
         messages.error(request, "Choose the stable variant, the candidate or a live variant to score.")
         return redirect("console:canary")
     try:
-        run = services.quality_run_start(actor=request.user, variant=form.cleaned_data["variant"])
-    except services.ConsoleError as exc:
+        run = quality_services.quality_run_start(actor=request.user, variant=form.cleaned_data["variant"])
+    except ConsoleError as exc:
         messages.error(request, str(exc))
     else:
         tasks.quality_run_send(run.pk)
@@ -459,7 +479,7 @@ def api_key_create(request: HttpRequest) -> HttpResponse:
     form = ApiKeyCreateForm(request.POST)
     if not form.is_valid():
         return _api_keys_section(request, form=form, status=400)
-    issued = services.api_key_create(
+    issued = api_keys_services.api_key_create(
         actor=request.user,
         owner=form.cleaned_data["owner"],
         name=form.cleaned_data["name"],
@@ -476,7 +496,7 @@ def api_key_create(request: HttpRequest) -> HttpResponse:
 @console_power("manage_api_keys")
 def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
     api_key = get_object_or_404(ApiKey, pk=key_id)
-    if services.api_key_revoke(actor=request.user, api_key=api_key):
+    if api_keys_services.api_key_revoke(actor=request.user, api_key=api_key):
         notice = f"Revoked {api_key.prefix}…: calls with it now get 401."
     else:
         notice = f"{api_key.prefix}… was already revoked."
@@ -490,7 +510,7 @@ def api_key_limits(request: HttpRequest, key_id: int) -> HttpResponse:
     form = ApiKeyLimitsForm(request.POST, instance=api_key, prefix=f"key-{api_key.pk}")
     if not form.is_valid():
         return _api_keys_section(request, limits_form=form, status=400)
-    changed = services.api_key_limits_set(
+    changed = api_keys_services.api_key_limits_set(
         actor=request.user,
         api_key=api_key,
         requests_per_minute=form.cleaned_data["requests_per_minute"],
@@ -525,8 +545,8 @@ def _article_saved(request: HttpRequest, form: ArticleForm, article: Article | N
     """Create or update from a valid form; False (with the reason on the form) when refused."""
     try:
         if article is None:
-            services.article_create(actor=request.user, **form.cleaned_data)
-        elif not services.article_update(actor=request.user, article=article, **form.cleaned_data):
+            articles_services.article_create(actor=request.user, **form.cleaned_data)
+        elif not articles_services.article_update(actor=request.user, article=article, **form.cleaned_data):
             messages.success(request, "Nothing changed.")
             return True
     except ValidationError as exc:
@@ -567,7 +587,7 @@ def article_edit(request: HttpRequest, article_id: int) -> HttpResponse:
 @console_power("manage_help_center")
 def article_retire(request: HttpRequest, article_id: int) -> HttpResponse:
     article = get_object_or_404(Article, pk=article_id)
-    services.article_status_set(actor=request.user, article=article, status=Article.Status.RETIRED)
+    articles_services.article_status_set(actor=request.user, article=article, status=Article.Status.RETIRED)
     messages.success(request, f"Retired “{article.title}”: answers stop quoting it within a second or two.")
     return redirect("console:articles")
 
@@ -576,7 +596,7 @@ def article_retire(request: HttpRequest, article_id: int) -> HttpResponse:
 @console_power("manage_help_center")
 def article_restore(request: HttpRequest, article_id: int) -> HttpResponse:
     article = get_object_or_404(Article, pk=article_id)
-    services.article_status_set(actor=request.user, article=article, status=Article.Status.ACTIVE)
+    articles_services.article_status_set(actor=request.user, article=article, status=Article.Status.ACTIVE)
     messages.success(request, f"Restored “{article.title}”.")
     return redirect("console:articles")
 
@@ -587,4 +607,4 @@ def article_restore(request: HttpRequest, article_id: int) -> HttpResponse:
 @require_GET
 @staff_required
 def audit_log(request: HttpRequest) -> HttpResponse:
-    return _render(request, "admin_console/audit.html", "audit", {"entries": selectors.audit_entries()})
+    return _render(request, "admin_console/audit.html", "audit", {"entries": audit_selectors.audit_entries()})
