@@ -1,8 +1,8 @@
-"""The agents' inbox (conversations handed off to a person) and the A/B experiments page.
+"""The agents' inbox: conversations handed off to a person.
 
-Inbox views are for agents only (admin_console.access.agent_required): the page, whose lists
+Its views are for agents only (admin_console.access.agent_required): the page, whose lists
 admin_console.inbox_socket pushes live as data, and the actions, which answer JSON for the
-page's script (and a redirect for a plain form). Experiments are staff's, like the canary.
+page's script (and a redirect for a plain form).
 """
 
 from __future__ import annotations
@@ -17,18 +17,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from admin_console.access import agent_required, console_power, staff_required
-from admin_console.forms import AgentProfileForm, ExperimentStartForm, HandoffTargetForm
-from admin_console.selectors import canary as canary_selectors
-from admin_console.selectors import experiments as experiments_selectors
-from admin_console.selectors import variants as variants_selectors
-from admin_console.services import experiments as experiments_services
+from admin_console.access import agent_required
+from admin_console.forms import AgentProfileForm, HandoffTargetForm
 from admin_console.services import handoff as handoff_services
-from admin_console.services.audit import ConsoleError
 from chat import handoff
 from chat.handoff_selectors import conversation_transcript, inbox_snapshot
 from chat.models import Conversation, HandoffSettings
-from chat.outcomes import MIN_FOR_MEAN, MIN_FOR_RATE, experiment_results, outcomes_by_variant
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
@@ -37,9 +31,6 @@ def _error(status: int, code: str, message: str) -> JsonResponse:
 
 def _wants_json(request: HttpRequest) -> bool:
     return "application/json" in request.headers.get("Accept", "")
-
-
-# --- the inbox ----------------------------------------------------------------------------------
 
 
 @require_GET
@@ -186,66 +177,3 @@ def handoff_target(request: HttpRequest) -> HttpResponse:
     else:
         messages.error(request, "The target is a whole number of seconds from 10 to 86400.")
     return redirect("console:inbox")
-
-
-# --- A/B experiments ----------------------------------------------------------------------------
-
-
-def _experiments_page(
-    request: HttpRequest, form: ExperimentStartForm | None = None, status: int = 200
-) -> HttpResponse:
-    running = experiments_selectors.experiment_running()
-    variants = list(variants_selectors.variants().values_list("name", flat=True))
-    return render(
-        request,
-        "admin_console/experiments.html",
-        {
-            "section": "experiments",
-            "rollback_alert": canary_selectors.automatic_rollback_alert(),
-            "running": experiment_results(experiment=running) if running is not None else None,
-            "ended": experiments_selectors.experiments_ended(),
-            "form": form or ExperimentStartForm(variants=variants),
-            "outcomes": outcomes_by_variant(),
-            "window_days": f"{settings.HANDOFF_MEASURES_WINDOW_S / 86400:g}",
-            "resolved_window_s": settings.ASSISTANT_RESOLVED_WINDOW_S,
-            "min_rate": MIN_FOR_RATE,
-            "min_mean": MIN_FOR_MEAN,
-        },
-        status=status,
-    )
-
-
-@require_GET
-@staff_required
-def experiments(request: HttpRequest) -> HttpResponse:
-    return _experiments_page(request)
-
-
-@require_POST
-@console_power("manage_variants")
-def experiment_start(request: HttpRequest) -> HttpResponse:
-    form = ExperimentStartForm(
-        request.POST, variants=list(variants_selectors.variants().values_list("name", flat=True))
-    )
-    if not form.is_valid():
-        return _experiments_page(request, form, status=400)
-    try:
-        experiments_services.experiment_start(actor=request.user, **form.cleaned_data)
-    except (ConsoleError, ValidationError) as exc:
-        form.add_error(None, exc if isinstance(exc, ValidationError) else str(exc))
-        return _experiments_page(request, form, status=400)
-    messages.success(request, "Experiment started: each customer now meets one of the two variants.")
-    return redirect("console:experiments")
-
-
-@require_POST
-@console_power("manage_variants")
-def experiment_end(request: HttpRequest) -> HttpResponse:
-    keep = request.POST.get("keep", "")
-    try:
-        experiments_services.experiment_end(actor=request.user, keep=keep)
-    except ConsoleError as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, f"Experiment ended: {keep} answers every customer now.")
-    return redirect("console:experiments")
