@@ -5,7 +5,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from admin_console import services as console_services
+from admin_console.services import api_keys as api_keys_services
 from api.models import ApiKey
 
 
@@ -26,5 +26,5 @@ class ApiKeyAdmin(admin.ModelAdmin):
 
     @admin.action(description="Revoke the selected keys")
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
-        revoked = sum(console_services.api_key_revoke(actor=request.user, api_key=key) for key in queryset)
+        revoked = sum(api_keys_services.api_key_revoke(actor=request.user, api_key=key) for key in queryset)
         self.message_user(request, f"Revoked {revoked} key(s).", messages.SUCCESS)

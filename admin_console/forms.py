@@ -10,7 +10,9 @@ from django.core.exceptions import ValidationError
 
 from accounts.models import ACCOUNT_TIER_CHOICES, User
 from admin_console.models import CanaryRollout, validate_canary_steps
-from admin_console.services import CANARY_RULE_FIELDS, POLICY_FIELDS, VARIANT_FIELDS
+from admin_console.services import canary as canary_services
+from admin_console.services import limits as limits_services
+from admin_console.services import variants as variants_services
 from api.models import ApiKey
 from chat.models import AgentProfile, HandoffSettings
 from knowledge.models import Article
@@ -21,7 +23,7 @@ from scheduler.models import TierPolicy, Variant
 class TierPolicyForm(forms.ModelForm):
     class Meta:
         model = TierPolicy
-        fields = POLICY_FIELDS
+        fields = limits_services.POLICY_FIELDS
         labels = {
             "bucket_capacity": "Burst per client",
             "refill_per_s": "Refill per client (messages/s)",
@@ -36,11 +38,11 @@ class TierPolicyForm(forms.ModelForm):
 
 class VariantForm(forms.ModelForm):
     """A variant's model, prompt, sampling and help-center switch. Never saved directly: the
-    views hand cleaned_data to services.variant_create or services.variant_update."""
+    views hand cleaned_data to services.variants (variant_create or variant_update)."""
 
     class Meta:
         model = Variant
-        fields = ("name", *VARIANT_FIELDS)
+        fields = ("name", *variants_services.VARIANT_FIELDS)
         labels = {
             "model": "Model (the workers' INFERENCE_MODEL_NAME)",
             "max_tokens": "Longest answer (tokens)",
@@ -78,7 +80,7 @@ def _whole_numbers(text: str, what: str) -> list[int]:
 
 class CanaryStartForm(forms.ModelForm):
     """The candidate, the step plan and the rollback rules. Never saved directly: the view hands
-    cleaned_data to services.canary_start."""
+    cleaned_data to services.canary.canary_start."""
 
     candidate_variant = forms.ChoiceField(
         label="Candidate variant", help_text="Variants that live workers serve, other than stable."
@@ -96,7 +98,7 @@ class CanaryStartForm(forms.ModelForm):
 
     class Meta:
         model = CanaryRollout
-        fields = CANARY_RULE_FIELDS
+        fields = canary_services.CANARY_RULE_FIELDS
         labels = {
             "max_error_rate_increase_points": "Error rate: candidate at most + points",
             "max_ttft_p95_ratio": "TTFT p95: candidate at most this many times stable",
@@ -116,7 +118,7 @@ class CanaryStartForm(forms.ModelForm):
         return [self[name] for name in self.PLAN_FIELDS]
 
     def rule_fields(self) -> list[forms.BoundField]:
-        return [self[name] for name in CANARY_RULE_FIELDS]
+        return [self[name] for name in canary_services.CANARY_RULE_FIELDS]
 
     def clean(self) -> dict[str, Any]:
         cleaned = super().clean()
@@ -146,7 +148,7 @@ class CanaryStartForm(forms.ModelForm):
         return cleaned
 
     def rules(self) -> dict[str, Any]:
-        return {name: self.cleaned_data[name] for name in CANARY_RULE_FIELDS}
+        return {name: self.cleaned_data[name] for name in canary_services.CANARY_RULE_FIELDS}
 
 
 class CanarySplitForm(forms.Form):
@@ -206,7 +208,7 @@ class SourceWeightsForm(forms.Form):
 
 class ArticleForm(forms.ModelForm):
     """A help article's slug, title and Markdown body. Never saved directly: the views hand
-    cleaned_data to services.article_create or services.article_update."""
+    cleaned_data to services.articles (article_create or article_update)."""
 
     class Meta:
         model = Article

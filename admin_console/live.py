@@ -20,7 +20,7 @@ from channels.layers import get_channel_layer
 from django.conf import settings
 from django.urls import reverse
 
-from admin_console import selectors
+from admin_console.selectors import dashboard as dashboard_selectors
 from admin_console.templatetags.console_format import NO_DATA, gibibytes, milliseconds, seconds, share
 from scheduler import keys
 from scheduler.redis import sync_redis
@@ -37,7 +37,7 @@ def _plural(n: int, word: str) -> str:
 def live_snapshot() -> dict[str, Any]:
     """The dashboard's live region as the htmx fallback poll shows it (admin_console/_live.html),
     as data: `fields` fill the elements with that `data-field`, the rest are table rows."""
-    dashboard = selectors.dashboard()
+    dashboard = dashboard_selectors.dashboard()
     refusals = dashboard.refusals_per_min
     return {
         "fields": {

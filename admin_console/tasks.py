@@ -6,17 +6,18 @@ from functools import partial
 from celery import shared_task
 from django.db import transaction
 
-from admin_console import services
+from admin_console.services import canary as canary_services
+from admin_console.services import quality as quality_services
 
 
 @shared_task
 def canary_evaluate() -> str:
-    return services.canary_evaluate()
+    return canary_services.canary_evaluate()
 
 
 @shared_task(ignore_result=True)
 def quality_run(run_id: int) -> None:
-    services.quality_run_execute(run_id=run_id)
+    quality_services.quality_run_execute(run_id=run_id)
 
 
 def quality_run_send(run_id: int) -> None:

@@ -14,7 +14,7 @@ the customer giving up, cannot both win):
 Messages while waiting or with an agent are stored for the agent and get no answer; agents
 reply and leave private notes; a resolved hand-off is rated once. Each write commits first, and
 its live events (chat.handoff_events) go out once it has. Agents' actions are audited by
-admin_console.services, which calls the agent's functions here inside its own transaction.
+admin_console.services.handoff, which calls the agent's functions here inside its own transaction.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 the knowledge-base version in the same transaction, so the index and the version agree, and
 drops the cached answers the change made stale (knowledge.cache).
 
-The console audits these through admin_console.services; nothing else should call them directly.
+The console audits these through admin_console.services.articles; nothing else should call them directly.
 """
 
 from __future__ import annotations

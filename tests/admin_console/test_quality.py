@@ -6,8 +6,10 @@ import time
 
 import pytest
 
-from admin_console import services, tasks
+from admin_console import tasks
 from admin_console.models import CanaryRollout, QualityRun
+from admin_console.services import canary as canary_services
+from admin_console.services import variants as variants_services
 from knowledge.answers import answer_plan
 from knowledge.quality import VariantSettings, conversations_load
 from scheduler import keys
@@ -142,7 +144,7 @@ def test_the_task_asks_every_question_of_the_variants_workers_and_stores_the_sco
 def test_the_promote_button_refuses_a_candidate_scoring_below_stable_and_says_why(
     client_staff, staff, live_workers
 ):
-    services.canary_start(
+    canary_services.canary_start(
         actor=staff, candidate_variant="candidate", steps=[{"percent": 100, "hold_s": 0}], rules={}
     )
     quality_scored("stable", 0.6)
@@ -157,12 +159,12 @@ def test_the_promote_button_refuses_a_candidate_scoring_below_stable_and_says_wh
 
 @pytest.mark.django_db
 def test_a_candidate_edited_after_its_score_is_not_promoted_on_it(client_staff, staff, live_workers):
-    services.canary_start(
+    canary_services.canary_start(
         actor=staff, candidate_variant="candidate", steps=[{"percent": 100, "hold_s": 0}], rules={}
     )
     quality_scored("stable", 0.6)
     quality_scored("candidate", 0.7)
-    services.variant_update(actor=staff, name="candidate", changes={"temperature": 0.9})
+    variants_services.variant_update(actor=staff, name="candidate", changes={"temperature": 0.9})
     page = client_staff.post("/console/canary/promote", follow=True).content.decode()
     assert "candidate changed since its last quality score" in page
     assert CanaryRollout.objects.get().status == "running"

@@ -8,8 +8,12 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.utils import timezone
 
-from admin_console import selectors, services
 from admin_console.models import AuditLog, CanaryRollout
+from admin_console.selectors import canary as canary_selectors
+from admin_console.services import canary as canary_services
+from admin_console.services import limits as limits_services
+from admin_console.services import workers as workers_services
+from admin_console.services.audit import EVALUATION_ACTOR_NAME, ConsoleError
 from scheduler import keys
 from scheduler.generation import Origin
 from scheduler.models import CanaryRouting, Generation
@@ -27,7 +31,7 @@ RULES = {"min_answers": 10, "min_votes": 5, "window_s": 300}
 
 
 def _start(staff, steps=PLAN, **rules) -> CanaryRollout:
-    return services.canary_start(
+    return canary_services.canary_start(
         actor=staff, candidate_variant="candidate", steps=steps, rules={**RULES, **rules}
     )
 
@@ -41,7 +45,9 @@ def _hold_elapsed(rollout: CanaryRollout) -> None:
 
 def test_a_policy_change_applies_to_admission_and_is_audited(staff):
     before = tier_policy("normal")
-    services.policy_update(actor=staff, tier="normal", changes={"bucket_capacity": 42, "max_queued": 7})
+    limits_services.policy_update(
+        actor=staff, tier="normal", changes={"bucket_capacity": 42, "max_queued": 7}
+    )
     # Another process's cached copy expires within a second; this one was cleared.
     assert (tier_policy("normal").bucket_capacity, tier_policy("normal").max_queued) == (42, 7)
     entry = AuditLog.objects.get()
@@ -54,16 +60,16 @@ def test_a_policy_change_applies_to_admission_and_is_audited(staff):
 
 def test_an_invalid_policy_is_refused_and_changes_nothing(staff):
     with pytest.raises(ValidationError) as refused:
-        services.policy_update(actor=staff, tier="vip", changes={"wait_slo_s": 500, "max_wait_s": 60})
+        limits_services.policy_update(actor=staff, tier="vip", changes={"wait_slo_s": 500, "max_wait_s": 60})
     assert "wait_slo_s" in refused.value.message_dict
     with pytest.raises(ValidationError):
-        services.policy_update(actor=staff, tier="vip", changes={"bucket_capacity": 0})
+        limits_services.policy_update(actor=staff, tier="vip", changes={"bucket_capacity": 0})
     assert tier_policy("vip").wait_slo_s == 10.0
     assert not AuditLog.objects.exists()
 
 
 def test_saving_an_unchanged_policy_writes_no_audit_entry(staff):
-    services.policy_update(
+    limits_services.policy_update(
         actor=staff, tier="vip", changes={"bucket_capacity": tier_policy("vip").bucket_capacity}
     )
     assert not AuditLog.objects.exists()
@@ -84,17 +90,17 @@ def test_starting_a_canary_routes_the_first_step_to_the_candidate(staff, live_wo
 
 def test_a_canary_needs_a_live_worker_of_the_candidate_and_no_other_canary(staff):
     heartbeat("stable")
-    with pytest.raises(services.ConsoleError, match="'candidate-model', the model of 'candidate'"):
+    with pytest.raises(ConsoleError, match="'candidate-model', the model of 'candidate'"):
         _start(staff)
     heartbeat("candidate")
     _start(staff)
-    with pytest.raises(services.ConsoleError, match="already running"):
+    with pytest.raises(ConsoleError, match="already running"):
         _start(staff)
 
 
 def test_a_draining_worker_does_not_count_as_serving_the_candidate(staff):
     heartbeat("candidate", draining=True)
-    with pytest.raises(services.ConsoleError):
+    with pytest.raises(ConsoleError):
         _start(staff)
 
 
@@ -112,7 +118,7 @@ def test_a_plan_must_rise_to_100(staff, live_workers, steps):
 def test_a_manual_split_change_restarts_the_hold_and_is_audited(staff, live_workers):
     rollout = _start(staff)
     _hold_elapsed(rollout)
-    services.canary_split_set(actor=staff, percent=100)
+    canary_services.canary_split_set(actor=staff, percent=100)
     assert sync_redis().hget(keys.CANARY, "split_percent") == "100"
     rollout.refresh_from_db()
     assert timezone.now() - rollout.step_started_at < timedelta(seconds=5)
@@ -123,7 +129,7 @@ def test_promotion_makes_the_candidate_stable(staff, live_workers):
     _start(staff)
     quality_scored("stable", 0.5)
     quality_scored("candidate", 0.5)
-    rollout = services.canary_promote(actor=staff)
+    rollout = canary_services.canary_promote(actor=staff)
     assert rollout.status == "promoted" and not rollout.automatic
     split = canary_split()
     assert (split.stable_variant, split.candidate_variant, split.split_percent) == ("candidate", "", 0)
@@ -132,12 +138,12 @@ def test_promotion_makes_the_candidate_stable(staff, live_workers):
 def test_a_manual_rollback_sends_everything_to_stable_and_records_the_numbers(staff, live_workers):
     _start(staff)
     answers("candidate", 4, errors=1)
-    rollout = services.canary_rollback(actor=staff)
+    rollout = canary_services.canary_rollback(actor=staff)
     assert (rollout.status, rollout.rollback_reason, rollout.automatic) == ("rolled_back", "manual", False)
     assert rollout.rollback_numbers["candidate"]["errors"] == 1
     assert (canary_split().candidate_variant, canary_split().split_percent) == ("", 0)
-    with pytest.raises(services.ConsoleError):
-        services.canary_rollback(actor=staff)
+    with pytest.raises(ConsoleError):
+        canary_services.canary_rollback(actor=staff)
 
 
 @pytest.mark.parametrize(
@@ -155,8 +161,8 @@ def test_promotion_is_refused_unless_the_candidate_scores_at_least_stable(
     for variant, score in (("stable", stable_score), ("candidate", candidate_score)):
         if score is not None:
             quality_scored(variant, score)
-    with pytest.raises(services.ConsoleError, match=re.escape(says)):
-        services.canary_promote(actor=staff)
+    with pytest.raises(ConsoleError, match=re.escape(says)):
+        canary_services.canary_promote(actor=staff)
     assert CanaryRollout.objects.get().status == "running"
     assert canary_split().stable_variant == "stable"
 
@@ -166,22 +172,22 @@ def test_the_latest_score_counts(staff, live_workers):
     quality_scored("stable", 0.5)
     quality_scored("candidate", 0.7)
     quality_scored("candidate", 0.4)  # a later run of the candidate scored worse
-    with pytest.raises(services.ConsoleError, match="below"):
-        services.canary_promote(actor=staff)
+    with pytest.raises(ConsoleError, match="below"):
+        canary_services.canary_promote(actor=staff)
 
 
 # --- evaluation -------------------------------------------------------------------------------------
 
 
 def test_without_a_canary_the_evaluation_does_nothing():
-    assert services.canary_evaluate() == "idle"
+    assert canary_services.canary_evaluate() == "idle"
 
 
 def test_a_candidate_failing_more_than_stable_is_rolled_back_with_the_numbers(staff, live_workers):
     rollout = _start(staff, max_error_rate_increase_points=5)
     answers("stable", 20)
     answers("candidate", 10, errors=3)
-    assert services.canary_evaluate() == "rolled_back"
+    assert canary_services.canary_evaluate() == "rolled_back"
     rollout.refresh_from_db()
     assert (rollout.status, rollout.automatic, rollout.rollback_reason) == ("rolled_back", True, "error_rate")
     numbers = rollout.rollback_numbers
@@ -191,7 +197,7 @@ def test_a_candidate_failing_more_than_stable_is_rolled_back_with_the_numbers(st
     assert numbers["split_percent"] == 10
     assert [c["state"] for c in numbers["checks"]] == ["breached", "ok", "waiting"]
     assert canary_split().split_percent == 0
-    assert AuditLog.objects.get(action="canary.rollback").actor_name == services.EVALUATION_ACTOR_NAME
+    assert AuditLog.objects.get(action="canary.rollback").actor_name == EVALUATION_ACTOR_NAME
 
 
 def test_too_few_answers_to_judge_neither_roll_back_nor_advance(staff, live_workers):
@@ -199,7 +205,7 @@ def test_too_few_answers_to_judge_neither_roll_back_nor_advance(staff, live_work
     _hold_elapsed(rollout)
     answers("stable", 20)
     answers("candidate", 9, errors=9)
-    assert services.canary_evaluate() == "holding"
+    assert canary_services.canary_evaluate() == "holding"
     assert canary_split().split_percent == 10
 
 
@@ -207,7 +213,7 @@ def test_a_slow_candidate_is_rolled_back(staff, live_workers):
     _start(staff, max_ttft_p95_ratio=1.5)
     answers("stable", 20, ttft_ms=100)
     answers("candidate", 10, ttft_ms=160)
-    assert services.canary_evaluate() == "rolled_back"
+    assert canary_services.canary_evaluate() == "rolled_back"
     assert CanaryRollout.objects.get().rollback_reason == "ttft_p95"
 
 
@@ -215,7 +221,7 @@ def test_a_candidate_with_more_thumbs_down_is_rolled_back(staff, live_workers):
     _start(staff, max_thumbs_down_increase_points=10)
     answers("stable", 20, thumbs_down=1, thumbs_up=9)
     answers("candidate", 10, thumbs_down=3, thumbs_up=2)
-    assert services.canary_evaluate() == "rolled_back"
+    assert canary_services.canary_evaluate() == "rolled_back"
     rollout = CanaryRollout.objects.get()
     assert rollout.rollback_reason == "thumbs_down"
     assert rollout.rollback_numbers["candidate"]["thumbs_down_rate"] == pytest.approx(0.6)
@@ -227,11 +233,11 @@ def test_a_healthy_candidate_advances_after_each_hold_and_is_promoted_after_the_
     quality_scored("candidate", 0.6)
     answers("stable", 20)
     answers("candidate", 10)
-    assert services.canary_evaluate() == "holding"  # the first hold has not passed
+    assert canary_services.canary_evaluate() == "holding"  # the first hold has not passed
     outcomes = []
     for _ in range(3):
         _hold_elapsed(rollout)
-        outcomes.append((services.canary_evaluate(), canary_split().split_percent))
+        outcomes.append((canary_services.canary_evaluate(), canary_split().split_percent))
     assert outcomes == [("advanced", 50), ("advanced", 100), ("promoted", 0)]
     assert canary_split().stable_variant == "candidate"
     assert AuditLog.objects.filter(action="canary.split", actor=None).count() == 2
@@ -244,10 +250,10 @@ def test_past_the_last_step_a_candidate_scoring_below_stable_waits_at_its_split(
     quality_scored("stable", 0.6)
     quality_scored("candidate", 0.5)
     _hold_elapsed(rollout)
-    assert services.canary_evaluate() == "awaiting_quality"
+    assert canary_services.canary_evaluate() == "awaiting_quality"
     assert (canary_split().stable_variant, canary_split().split_percent) == ("stable", 100)
     quality_scored("candidate", 0.6)
-    assert services.canary_evaluate() == "promoted"
+    assert canary_services.canary_evaluate() == "promoted"
     assert canary_split().stable_variant == "candidate"
 
 
@@ -257,7 +263,7 @@ def test_at_a_full_split_stable_is_judged_on_its_answers_from_before_the_canary(
     long_ago = timezone.now() - timedelta(seconds=600)
     CanaryRollout.objects.filter(pk=rollout.pk).update(started_at=long_ago, step_started_at=long_ago)
     answers("candidate", 10, errors=5)
-    assert services.canary_evaluate() == "rolled_back"
+    assert canary_services.canary_evaluate() == "rolled_back"
     rollout.refresh_from_db()
     assert rollout.rollback_numbers["stable"]["answers"] == 20
 
@@ -271,14 +277,14 @@ def test_a_drain_reaches_the_worker_and_is_audited(staff):
     pubsub.subscribe(keys.CONTROL_CHANNEL)
     try:
         assert pubsub.get_message(timeout=2)["type"] == "subscribe"
-        services.worker_drain(actor=staff, worker_id=worker_id)
+        workers_services.worker_drain(actor=staff, worker_id=worker_id)
         message = pubsub.get_message(timeout=2)
     finally:
         pubsub.close()
     assert json.loads(message["data"]) == {"type": "drain", "worker_id": worker_id}
     assert AuditLog.objects.get().target == worker_id
-    with pytest.raises(services.ConsoleError):
-        services.worker_drain(actor=staff, worker_id="gone")
+    with pytest.raises(ConsoleError):
+        workers_services.worker_drain(actor=staff, worker_id="gone")
 
 
 def test_the_routing_row_is_created_on_first_use():
@@ -291,15 +297,15 @@ def test_the_routing_row_is_created_on_first_use():
 
 def test_the_warm_pool_size_reaches_the_workers_and_is_audited(staff):
     assert warm_spares() == 0
-    services.warm_spares_set(actor=staff, spares=2)
+    workers_services.warm_spares_set(actor=staff, spares=2)
     assert warm_spares() == 2
     entry = AuditLog.objects.get()
     assert (entry.actor, entry.action) == (staff, "worker.spares")
     assert entry.changes() == [("spares", 0, 2)]
-    services.warm_spares_set(actor=staff, spares=2)  # no change, no entry
+    workers_services.warm_spares_set(actor=staff, spares=2)  # no change, no entry
     assert AuditLog.objects.count() == 1
     with pytest.raises(ValidationError):
-        services.warm_spares_set(actor=staff, spares=99)
+        workers_services.warm_spares_set(actor=staff, spares=99)
     assert warm_spares() == 2
 
 
@@ -307,7 +313,7 @@ def test_answers_served_from_the_cache_do_not_count_for_the_canary():
     generation_record(variant="candidate", status="error")
     cached = generation_record(variant="candidate", ttft_ms=0.4)
     Generation.objects.filter(pk=cached.pk).update(cache="exact", engine="cache")
-    stats = selectors.variant_stats(variant="candidate", since=timezone.now() - timedelta(minutes=5))
+    stats = canary_selectors.variant_stats(variant="candidate", since=timezone.now() - timedelta(minutes=5))
     assert (stats.answers, stats.errors, stats.ttft_p95_ms) == (1, 1, None)
 
 
@@ -316,5 +322,5 @@ def test_the_canary_counts_api_and_batch_answers_but_not_the_quality_score_s_que
         generation_record(variant="candidate", status="error", origin=origin)
     generation_record(variant="candidate", origin=Origin.API)
     generation_record(variant="candidate", status="error", origin=Origin.QUALITY, ttft_ms=9000)
-    stats = selectors.variant_stats(variant="candidate", since=timezone.now() - timedelta(minutes=5))
+    stats = canary_selectors.variant_stats(variant="candidate", since=timezone.now() - timedelta(minutes=5))
     assert (stats.answers, stats.errors, stats.ttft_p95_ms) == (4, 3, None)

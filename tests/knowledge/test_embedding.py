@@ -20,7 +20,7 @@ PROGRAM = textwrap.dedent(
 
     django.setup()
     import config.asgi  # noqa: F401  (the web application and every view it routes to)
-    import accounts.views, admin_console.views, api.views, chat.views, knowledge.views  # noqa: F401, E401
+    import accounts.views, admin_console.urls, api.views, chat.views, knowledge.views  # noqa: F401, E401
     from knowledge.embedding import embed_passages, embed_queries
 
     passages = embed_passages(["Returns are accepted within 30 days.", "Shipping costs $5.95."])

@@ -10,7 +10,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from accounts.models import ACCOUNT_TIERS, User
-from admin_console import services as console_services
+from admin_console.services import api_keys as api_keys_services
 from api import keys as api_keys
 from api.models import ApiKey
 
@@ -47,7 +47,7 @@ class Command(BaseCommand):
             raise CommandError(f"There is no user {username!r}.") from exc
 
     def _create(self, options: dict[str, Any]) -> None:
-        issued = console_services.api_key_create(
+        issued = api_keys_services.api_key_create(
             actor=None, owner=self._user(options["user"]), name=options["name"], tier=options["tier"]
         )
         key = issued.api_key
@@ -67,7 +67,7 @@ class Command(BaseCommand):
 
     def _revoke(self, options: dict[str, Any]) -> None:
         key = self._key(options["prefix"])
-        if console_services.api_key_revoke(actor=None, api_key=key):
+        if api_keys_services.api_key_revoke(actor=None, api_key=key):
             self.stdout.write(f"Revoked {key.prefix}… of {key.owner.username}.")
         else:
             self.stdout.write(f"{key.prefix}… was already revoked.")
@@ -75,7 +75,7 @@ class Command(BaseCommand):
     def _limits(self, options: dict[str, Any]) -> None:
         key = self._key(options["prefix"])
         try:
-            console_services.api_key_limits_set(
+            api_keys_services.api_key_limits_set(
                 actor=None,
                 api_key=key,
                 requests_per_minute=options["requests_per_minute"],

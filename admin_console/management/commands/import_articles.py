@@ -15,7 +15,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from admin_console import services as console_services
+from admin_console.services import articles as articles_services
 from knowledge.embedding import EmbedderUnavailable
 from knowledge.models import Article
 from knowledge.services import ArticleFileRejected, article_file_read, embeddings_make_again, embeddings_stale
@@ -58,7 +58,7 @@ class Command(BaseCommand):
                         original = Article.objects.filter(slug=article_file.translates).first()
                         if original is None:
                             raise ArticleFileRejected(f"no article {article_file.translates!r} to translate")
-                    console_services.article_create(
+                    articles_services.article_create(
                         actor=None,
                         slug=article_file.slug,
                         title=article_file.title,
@@ -68,7 +68,7 @@ class Command(BaseCommand):
                     )
                     created.append(article_file.slug)
                     self.stdout.write(f"created {article_file.slug} ({n}/{len(paths)})")
-                elif console_services.article_update(
+                elif articles_services.article_update(
                     actor=None,
                     article=article,
                     slug=article_file.slug,

@@ -1,8 +1,8 @@
-"""The agents' inbox (conversations handed off to a person) and the A/B experiments page.
+"""The agents' inbox: conversations handed off to a person.
 
-Inbox views are for agents only (admin_console.access.agent_required): the page, whose lists
+Its views are for agents only (admin_console.access.agent_required): the page, whose lists
 admin_console.inbox_socket pushes live as data, and the actions, which answer JSON for the
-page's script (and a redirect for a plain form). Experiments are staff's, like the canary.
+page's script (and a redirect for a plain form).
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_GET, require_POST
 
-from admin_console import selectors, services
-from admin_console.access import agent_required, console_power, staff_required
-from admin_console.forms import AgentProfileForm, ExperimentStartForm, HandoffTargetForm
+from admin_console.access import agent_required
+from admin_console.forms import AgentProfileForm, HandoffTargetForm
+from admin_console.services import handoff as handoff_services
 from chat import handoff
 from chat.handoff_selectors import conversation_transcript, inbox_snapshot
 from chat.models import Conversation, HandoffSettings
-from chat.outcomes import MIN_FOR_MEAN, MIN_FOR_RATE, experiment_results, outcomes_by_variant
 
 
 def _error(status: int, code: str, message: str) -> JsonResponse:
@@ -32,9 +31,6 @@ def _error(status: int, code: str, message: str) -> JsonResponse:
 
 def _wants_json(request: HttpRequest) -> bool:
     return "application/json" in request.headers.get("Accept", "")
-
-
-# --- the inbox ----------------------------------------------------------------------------------
 
 
 @require_GET
@@ -95,7 +91,7 @@ def conversation_claim(request: HttpRequest, conversation_id: UUID) -> HttpRespo
     return _acted(
         request,
         conversation_id,
-        lambda: services.handoff_claim(agent=request.user, conversation_id=conversation_id),
+        lambda: handoff_services.handoff_claim(agent=request.user, conversation_id=conversation_id),
     )
 
 
@@ -103,7 +99,7 @@ def conversation_claim(request: HttpRequest, conversation_id: UUID) -> HttpRespo
 @agent_required
 def conversation_reply(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     def reply() -> dict[str, Any]:
-        message = services.handoff_reply(
+        message = handoff_services.handoff_reply(
             agent=request.user, conversation_id=conversation_id, text=request.POST.get("text", "")
         )
         return {
@@ -120,7 +116,7 @@ def conversation_reply(request: HttpRequest, conversation_id: UUID) -> HttpRespo
 @agent_required
 def conversation_note(request: HttpRequest, conversation_id: UUID) -> HttpResponse:
     def note() -> dict[str, Any]:
-        saved = services.handoff_note(
+        saved = handoff_services.handoff_note(
             agent=request.user, conversation_id=conversation_id, text=request.POST.get("text", "")
         )
         return {
@@ -139,7 +135,7 @@ def conversation_hand_back(request: HttpRequest, conversation_id: UUID) -> HttpR
     return _acted(
         request,
         conversation_id,
-        lambda: services.handoff_hand_back(agent=request.user, conversation_id=conversation_id),
+        lambda: handoff_services.handoff_hand_back(agent=request.user, conversation_id=conversation_id),
     )
 
 
@@ -149,7 +145,7 @@ def conversation_resolve(request: HttpRequest, conversation_id: UUID) -> HttpRes
     return _acted(
         request,
         conversation_id,
-        lambda: services.handoff_resolve(agent=request.user, conversation_id=conversation_id),
+        lambda: handoff_services.handoff_resolve(agent=request.user, conversation_id=conversation_id),
     )
 
 
@@ -159,7 +155,7 @@ def agent_profile(request: HttpRequest) -> HttpResponse:
     form = AgentProfileForm(request.POST)
     if form.is_valid():
         try:
-            services.agent_profile_set(agent=request.user, **form.cleaned_data)
+            handoff_services.agent_profile_set(agent=request.user, **form.cleaned_data)
         except ValidationError as exc:
             messages.error(request, " ".join(exc.messages))
         else:
@@ -174,73 +170,10 @@ def agent_profile(request: HttpRequest) -> HttpResponse:
 def handoff_target(request: HttpRequest) -> HttpResponse:
     form = HandoffTargetForm(request.POST)
     if form.is_valid():
-        services.handoff_target_set(
+        handoff_services.handoff_target_set(
             actor=request.user, first_response_target_s=form.cleaned_data["first_response_target_s"]
         )
         messages.success(request, "First-response target saved.")
     else:
         messages.error(request, "The target is a whole number of seconds from 10 to 86400.")
     return redirect("console:inbox")
-
-
-# --- A/B experiments ----------------------------------------------------------------------------
-
-
-def _experiments_page(
-    request: HttpRequest, form: ExperimentStartForm | None = None, status: int = 200
-) -> HttpResponse:
-    running = selectors.experiment_running()
-    variants = list(selectors.variants().values_list("name", flat=True))
-    return render(
-        request,
-        "admin_console/experiments.html",
-        {
-            "section": "experiments",
-            "rollback_alert": selectors.automatic_rollback_alert(),
-            "running": experiment_results(experiment=running) if running is not None else None,
-            "ended": selectors.experiments_ended(),
-            "form": form or ExperimentStartForm(variants=variants),
-            "outcomes": outcomes_by_variant(),
-            "window_days": f"{settings.HANDOFF_MEASURES_WINDOW_S / 86400:g}",
-            "resolved_window_s": settings.ASSISTANT_RESOLVED_WINDOW_S,
-            "min_rate": MIN_FOR_RATE,
-            "min_mean": MIN_FOR_MEAN,
-        },
-        status=status,
-    )
-
-
-@require_GET
-@staff_required
-def experiments(request: HttpRequest) -> HttpResponse:
-    return _experiments_page(request)
-
-
-@require_POST
-@console_power("manage_variants")
-def experiment_start(request: HttpRequest) -> HttpResponse:
-    form = ExperimentStartForm(
-        request.POST, variants=list(selectors.variants().values_list("name", flat=True))
-    )
-    if not form.is_valid():
-        return _experiments_page(request, form, status=400)
-    try:
-        services.experiment_start(actor=request.user, **form.cleaned_data)
-    except (services.ConsoleError, ValidationError) as exc:
-        form.add_error(None, exc if isinstance(exc, ValidationError) else str(exc))
-        return _experiments_page(request, form, status=400)
-    messages.success(request, "Experiment started: each customer now meets one of the two variants.")
-    return redirect("console:experiments")
-
-
-@require_POST
-@console_power("manage_variants")
-def experiment_end(request: HttpRequest) -> HttpResponse:
-    keep = request.POST.get("keep", "")
-    try:
-        services.experiment_end(actor=request.user, keep=keep)
-    except services.ConsoleError as exc:
-        messages.error(request, str(exc))
-    else:
-        messages.success(request, f"Experiment ended: {keep} answers every customer now.")
-    return redirect("console:experiments")
