@@ -53,10 +53,11 @@ def heartbeat(
     paused: int = 0,
     vip_waiting: bool = False,
     model: str | None = None,
+    worker_id: str | None = None,
 ) -> str:
     """Make a worker serving the model of `variant` (or `model`) look alive (as its heartbeat
-    would); returns its id."""
-    worker_id = f"worker-{variant}-{next(_ids)}"
+    would), a new one unless `worker_id` is given; returns its id."""
+    worker_id = worker_id or f"worker-{variant}-{next(_ids)}"
     model = model or {"stable": MODEL, "candidate": CANDIDATE_MODEL}[variant]
 
     async def write():
