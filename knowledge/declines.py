@@ -110,11 +110,18 @@ def _unknown_names(retrieval: Retrieval) -> list[str]:
 
 
 def _uncovered_topic(retrieval: Retrieval) -> str | None:
-    """The first shop topic the question asks about that the searched articles have no word
-    for (a word of it they never use)."""
-    lexicon = retrieval.index.lexicons[retrieval.searched_language]
+    """The first shop topic the question asks about that no sentence of the searched articles
+    speaks of: none holds all its words (with its section's heading and its article's title).
+    Words found apart say nothing of it: "pick the items" and "your order" are no pick-up."""
+    index = retrieval.index
+    searched = [
+        sentence.terms
+        for sentence, language in zip(index.sentences, index.sentence_language, strict=True)
+        if language == retrieval.searched_language
+    ]
     for match in _SHOP_TOPICS.finditer(retrieval.question):
-        if any(not lexicon.known(term) for term in terms(match.group())):
+        topic = set(terms(match.group()))
+        if not any(topic <= found for found in searched):
             return match.group()
     return None
 
