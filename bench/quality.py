@@ -1,7 +1,7 @@
 """`python -m bench quality`: the quality score (knowledge.quality) of each answer style on the
 question sets, measured as the chat answers: the help center's own sentences (extractive), the
 model's answer checked sentence by sentence (verified), the model's answer unchecked
-(generated). For each, per set (tuning, and the held-out set never used to tune): answered
+(generated). For each, per set (tuning, held-out, and the fresh set never used to tune): answered
 right, declined right, answers with an invented fact, answers in the customer's language; and
 the time to the first text a customer is shown, and the model's tokens/s, against `generated`.
 
@@ -149,12 +149,13 @@ def quality(*, styles: tuple[str, ...] = STYLES, runs: int = 3) -> dict[str, Any
                             }
                         )
                         row = measured[style][-1]
+                        per_set = "  ".join(
+                            f"{name} right {figures['answered_right']:.3f} declined "
+                            f"{figures['declined_right']:.3f} invented {figures['invented']:.3f}"
+                            for name, figures in row["sets"].items()
+                        )
                         print(
-                            f"{style:<10} run {run}: right {row['answered_right']:.3f}  declined "
-                            f"{row['declined_right']:.3f}  invented {row['invented']:.3f}  held-out right "
-                            f"{row['sets']['heldout']['answered_right']:.3f} declined "
-                            f"{row['sets']['heldout']['declined_right']:.3f} invented "
-                            f"{row['sets']['heldout']['invented']:.3f}  "
+                            f"{style:<10} run {run}: {per_set}  "
                             f"TTFT p50 {row['ttft_ms_p50']:.0f} ms  ({row['seconds']:.0f} s)",
                             flush=True,
                         )

@@ -11,8 +11,10 @@ customer would notice:
 `overall` is the mean of answered right, declined right and answers with nothing invented. The
 console's score, the canary's quality gate and `python -m bench quality` all use this measure.
 
-The questions come in two sets: `tuning` (what retrieval, the decline rules and the styles were
-chosen on) and `heldout` (never looked at while choosing; reported apart).
+The questions come in three sets, each reported apart: `tuning` (what retrieval, the decline
+rules and the styles were chosen on), `heldout` (not looked at while choosing, but its figures
+were seen as choices were made) and `fresh` (written from the help center's articles alone, never
+used to choose anything: the measure of how the chat does on questions nobody tuned against).
 
 Two steps per turn, so that the database is read outside the event loop that waits for
 answers: `answer_plan` (sync: retrieval, as a chat post does it), then, for a model's answer,
@@ -45,7 +47,7 @@ from scheduler.results import result_follower
 from scheduler.rules import answer_wait_limit_s
 
 QUESTIONS_DIR = Path(__file__).resolve().parent / "questions"
-QUESTION_SETS = ("tuning", "heldout")
+QUESTION_SETS = ("tuning", "heldout", "fresh")
 
 # --- the variant --------------------------------------------------------------------------------
 

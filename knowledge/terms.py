@@ -21,9 +21,15 @@ _MIN_MENDED = 5  # shorter words are not mended: one edit away, too many words a
 
 
 def stem(word: str) -> str:
-    for suffix in _SUFFIXES:
-        if len(word) > len(suffix) + _MIN_STEM and word.endswith(suffix):
-            return word[: -len(suffix)]
+    """Suffixes cut until none is left, so that every form of a word meets at one stem:
+    "backorders" and "backorder" both become "backord", not "backorder" and "backord"."""
+    cut = True
+    while cut:
+        cut = False
+        for suffix in _SUFFIXES:
+            if len(word) > len(suffix) + _MIN_STEM and word.endswith(suffix):
+                word, cut = word[: -len(suffix)], True
+                break
     return word
 
 

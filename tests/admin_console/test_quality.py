@@ -142,7 +142,7 @@ def test_the_task_asks_every_question_of_the_variants_workers_and_stores_the_sco
     # Saying "I don't know" to everything: every unanswerable question right, no fact right.
     figures = run.breakdown
     assert (figures["declined_right"], figures["answered_right"], figures["invented"]) == (1.0, 0.0, 0.0)
-    assert (figures["failed"], set(figures["sets"])) == (0, {"tuning", "heldout"})
+    assert (figures["failed"], set(figures["sets"])) == (0, {"tuning", "heldout", "fresh"})
     page = client_staff.get("/console/canary").content.decode()
     assert f"{run.overall:.3f}" in page.split('data-variant="candidate"')[1].split("</tr>")[0]
 

@@ -61,6 +61,11 @@ def test_a_german_noun_is_not_an_unknown_name(help_center):
     assert _reason("Kann ich meinen Teppich in einer anderen Farbe umtauschen?") is None
 
 
+def test_a_topic_whose_words_the_articles_use_only_apart_is_not_covered(help_center):
+    # "Pick the items" and "your order" are in the articles; picking an order up is in none.
+    assert _reason("Can I pick my order up at your warehouse?") == DeclineReason.NOT_COVERED
+
+
 def test_nothing_found_when_the_help_center_is_empty(db):
     assert decline_reason("How long do I have to return an item?", None) == DeclineReason.NOTHING_FOUND
 

@@ -45,3 +45,12 @@ def test_a_quote_in_another_language_says_so(help_center):
     current_index.forget()
     extracted = extract(retrieve(question="¿Cuánto tiempo tengo para devolver un artículo?"))
     assert extracted.text.startswith("Nuestro centro de ayuda lo explica en otro idioma:")
+
+
+def test_a_sentence_stating_a_figure_is_quoted_before_nearer_ones_that_state_none(help_center):
+    # The article's nearest sentences give the reasons for a decline; the one a customer with a
+    # pending charge needs is the hold's delay.
+    extracted = extract(
+        retrieve(question="My card was declined but now there's a pending charge on my bank account?!")
+    )
+    assert "3 to 5 business days" in extracted.text

@@ -30,7 +30,7 @@ def test_the_question_sets_are_what_customers_ask():
     assert sum(t.expect == "decline" for _, t in turns) >= 40
     assert {c.language for c in conversations} == {"en", "fr", "es", "de"}
     assert sum(len(c.turns) > 1 for c in conversations) >= 20  # follow-ups in a conversation
-    assert {c.set for c in conversations} == {"tuning", "heldout"}
+    assert {c.set for c in conversations} == {"tuning", "heldout", "fresh"}
     articles = {path.stem for path in DEMO_HELP_CENTER.glob("*.md")}
     for _, turn in turns:
         if turn.expect == "answer":

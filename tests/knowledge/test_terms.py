@@ -20,3 +20,7 @@ def test_coverage_weighs_rare_terms_more():
     )
     asked = lexicon.question_terms("order with Klarna")
     assert coverage(asked, set(terms("Klarna")), lexicon) > coverage(asked, set(terms("order")), lexicon)
+
+
+def test_every_form_of_a_word_meets_at_one_stem():
+    assert terms("backorder") == terms("backorders") == terms("backordered") == ["backord"]
