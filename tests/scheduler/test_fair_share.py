@@ -200,7 +200,8 @@ async def _claim_under(source: str) -> list[str]:
         await client.aclose()
 
 
-def test_a_job_taken_to_pause_an_answer_for_must_be_of_a_source_served_less():
+def test_a_job_taken_to_pause_an_answer_for_must_be_of_a_source_served_less(settings):
+    settings.FAIR_SHARE_PREEMPT_AFTER_S = 0.0
     for n in range(3):
         _enqueue(f"flood-{n}", client_id="key:1", origin=Origin.API)
     assert _claims(one_at_a_time=2) == ["flood-0", "flood-1"]
