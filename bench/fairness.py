@@ -53,7 +53,7 @@ FAIR_WAIT = {"FAIR_SHARE": "true", "FAIR_SHARE_PREEMPTION": "false"}
 FIFO = {"FAIR_SHARE": "false"}
 
 
-def fair_phase(grace_s: float) -> str:
+def _fair_phase(grace_s: float) -> str:
     """The name of the phase pausing the key's answers after `grace_s` (its key in the report)."""
     return f"flood_fair_{grace_s:g}s"
 
@@ -246,7 +246,7 @@ def _phase_stacks(phases: list[str], graces_s: list[float]) -> list[tuple[str, d
             stacks.append(("flood_fair_wait", FAIR_WAIT, True))
         elif phase == "fair":
             stacks += [
-                (fair_phase(grace), {**FAIR, "FAIR_SHARE_PREEMPT_AFTER_S": str(grace)}, True)
+                (_fair_phase(grace), {**FAIR, "FAIR_SHARE_PREEMPT_AFTER_S": str(grace)}, True)
                 for grace in graces_s
             ]
         else:
