@@ -420,6 +420,10 @@ FAIR_SHARE_PROMPT_TOKEN_WEIGHT = env_float("FAIR_SHARE_PROMPT_TOKEN_WEIGHT", 0.2
 # With every slot busy, a job of a source served less pauses the youngest answer of the source
 # holding the most slots (it resumes from its streamed text), instead of waiting for one to end.
 FAIR_SHARE_PREEMPTION = env_bool("FAIR_SHARE_PREEMPTION", True)
+# How long such a job waits since it was queued, for a slot to turn over, before it pauses an
+# answer (0: at once): a pause costs the engine the paused answer's prefill again. 1 s measured
+# best beside a flooding key (docs/BENCHMARKS.md, section 15).
+FAIR_SHARE_PREEMPT_AFTER_S = env_float("FAIR_SHARE_PREEMPT_AFTER_S", 1.0)
 # With several workers for a model, a conversation's next turn is left this long for the worker
 # that answered its previous one (its prefix cache holds the conversation) before any worker
 # takes it; 0: no affinity. A worker that drains or stops heartbeating loses it at once.
