@@ -291,7 +291,8 @@ HANDOFF_MEASURES_WINDOW_S = env_float("HANDOFF_MEASURES_WINDOW_S", 7 * 86400.0)
 # scores a question against an unrelated shop passage about 0.78-0.80, a related one 0.83-0.90.
 KNOWLEDGE_MIN_SCORE = env_float("KNOWLEDGE_MIN_SCORE", 0.83)
 KNOWLEDGE_MAX_EXCERPTS = env_int("KNOWLEDGE_MAX_EXCERPTS", 3)
-# Excerpts take their room from CHAT_HISTORY_MAX_CHARS, so the prompt's size stays the same.
+# Excerpts take their room from CHAT_HISTORY_MAX_CHARS, so the prompt's size stays the same: the
+# history keeps the rest whatever a question's excerpts take (knowledge.history).
 KNOWLEDGE_PROMPT_MAX_CHARS = env_int("KNOWLEDGE_PROMPT_MAX_CHARS", 1200)
 GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
 # The result cache (knowledge/cache.py): first-turn questions answered again from an earlier

@@ -388,10 +388,11 @@ def test_an_answer_is_written_from_the_help_center_and_names_its_sources(client_
     knowledge_services.article_create(slug="gift-cards", title="Gift cards", body="Gift cards never expire.")
     assert _post(client_alice, conversation, "How long do I have to return an item?").status_code == 202
     (job,) = worker_double.queued("normal")
-    system_prompt = job["messages"][0]["content"]
-    assert "Answer only from these excerpts" in system_prompt
-    assert "You can return most items within 30 days." in system_prompt
-    assert "Gift cards never expire" not in system_prompt
+    system, question = job["messages"][0]["content"], job["messages"][-1]["content"]
+    assert "Answer only from the excerpts of our help center" in system
+    assert "You can return most items within 30 days." in question  # with the question it answers
+    assert "Gift cards never expire" not in question
+    assert question.endswith("Customer question: How long do I have to return an item?")
     answer = conversation.messages.get(role="assistant")
     assert answer.sources == [{"slug": "returns-policy", "title": "Returns policy"}]
     page = client_alice.get(f"/chat/{conversation.pk}").content.decode()
