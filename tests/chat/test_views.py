@@ -439,6 +439,17 @@ def test_a_follow_up_is_asked_of_the_model_with_its_conversation(client_alice, c
     assert {"role": "user", "content": "Can I return a lamp?"} in job["messages"]
 
 
+def test_a_long_conversation_is_read_from_a_start_that_moves_in_blocks(client_alice, conversation, settings):
+    settings.CHAT_HISTORY_MESSAGES = 4
+    for n in range(5):
+        Message.objects.create(conversation=conversation, role=Message.Role.USER, content=f"Earlier {n}")
+    assert _post(client_alice, conversation, "Hello there").status_code == 202
+    (job,) = worker_double.queued("normal")
+    # Five earlier messages, at most four read: the start moves on by two, not by one.
+    read = [message["content"] for message in job["messages"][1:-1]]
+    assert read == ["Earlier 2", "Earlier 3", "Earlier 4"]
+
+
 def test_conversations_routed_to_the_candidate_are_asked_its_way_on_the_same_model(client_alice, alice):
     stable, candidate = Variant.objects.get(name="stable"), Variant.objects.get(name="candidate")
     assert stable.model == candidate.model == MODEL

@@ -1,6 +1,8 @@
 """How a chat message is answered, per answer style: what is known without a model, what a
 model is given, and the decline and the greeting every style shares."""
 
+import itertools
+
 import pytest
 
 from knowledge.answers import answer_plan
@@ -96,11 +98,12 @@ def test_a_turns_prompt_starts_with_the_whole_of_the_previous_turns_prompt_and_a
         history += [{"role": "user", "content": question}, answer]
         # Each question brings other excerpts: they stay with it, never in the history.
         assert messages[-1]["content"].endswith(question) and messages[-1]["content"] != question
-    for previous, following in zip(prompts, prompts[1:]):
+    for previous, following in itertools.pairwise(prompts):
         assert following[: len(previous) - 1] == previous[:-1]
-        assert following[len(previous) - 1]["content"] == previous[-1]["content"].rpartition(
-            "Customer question: "
-        )[2]
+        assert (
+            following[len(previous) - 1]["content"]
+            == previous[-1]["content"].rpartition("Customer question: ")[2]
+        )
 
 
 def test_without_its_embedding_model_the_help_center_declines_rather_than_guess(help_center, monkeypatch):
