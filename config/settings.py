@@ -485,6 +485,10 @@ INFERENCE_MAX_MODEL_LEN = env_int("INFERENCE_MAX_MODEL_LEN", 2048)
 # What the engine computes in: "auto" is vLLM's choice (the model's dtype) on a GPU and on a CPU
 # that computes bfloat16 natively, float32 on one that does not (inference.engines.vllm.engine_dtype).
 INFERENCE_DTYPE = env_str("INFERENCE_DTYPE", "auto")
+# Tokens per KV-cache block, the unit vLLM's prefix cache reuses: a prompt's cached part is
+# rounded down to whole blocks. 0 is vLLM's choice (16 on a GPU, 128 on a CPU, where a chat
+# turn's few hundred tokens then reuse little of the last turn's).
+INFERENCE_BLOCK_SIZE = env_int("INFERENCE_BLOCK_SIZE", 0)
 # Room for 16 answers of 2048 tokens in float32 (half of it in bfloat16).
 INFERENCE_KV_CACHE_GIB = env_int("INFERENCE_KV_CACHE_GIB", 2)
 INFERENCE_GPU_MEMORY_UTILIZATION = env_float("INFERENCE_GPU_MEMORY_UTILIZATION", 0.9)
