@@ -67,22 +67,24 @@ def _print_fairness(report: dict) -> None:
             f"slots running {running:4.1f} (paused {paused:.1f})  CPU {phase['cpu_percent_mean'] or 0:3.0f}%"
         )
 
+    def versus(phase: dict, baseline: dict | None, figure: str) -> str:
+        return f" ({phase[figure] / baseline[figure] - 1:+.1%} vs FIFO)" if baseline else ""
+
     for n, run in enumerate(report["runs"], 1):
-        alone, fifo = run["alone"], run["flood_fifo"]
-        p99_alone = alone["chat_ttft_s"]["p99"]
-        print(
-            f"run {n}: alone: chat TTFT p50/p99 {ttft(alone)}  tokens/s {alone['tokens_per_s']:4.0f}"
-            f"  answers {alone['chat_answers']}  {load(alone)}"
-        )
-        for mode in ("fifo", "fair_wait", "fair"):
-            phase = run[f"flood_{mode}"]
-            throughput = phase["tokens_per_s"] / fifo["tokens_per_s"] - 1
+        alone, fifo = run.get("alone"), run.get("flood_fifo")
+        print(f"run {n}:")
+        for name, phase in run.items():
+            relative = (
+                f"  p99 {phase['chat_ttft_s']['p99'] / alone['chat_ttft_s']['p99']:5.2f}x alone's"
+                if alone and name != "alone"
+                else ""
+            )
             print(
-                f"       flood, {mode:<9} chat TTFT p50/p99 {ttft(phase)}"
-                f"  p99 {phase['chat_ttft_s']['p99'] / p99_alone:5.2f}x alone's (target <= 1.2x)"
-                f"  tokens/s {phase['tokens_per_s']:4.0f} ({throughput:+.1%}"
-                f" vs FIFO)  answers: chat {phase['chat_answers']} key {phase['flood_answers']}"
-                f"  {load(phase)}"
+                f"  {name:<18} chat TTFT p50/p99 {ttft(phase)}{relative}"
+                f"  answer tokens/s {phase['tokens_per_s']:4.0f}{versus(phase, fifo, 'tokens_per_s')}"
+                f"  prompt+answer tokens/s {phase['service_tokens_per_s']:5.0f}"
+                f"{versus(phase, fifo, 'service_tokens_per_s')}"
+                f"  answers: chat {phase['chat_answers']} key {phase['flood_answers']}  {load(phase)}"
             )
 
 
@@ -145,6 +147,14 @@ def main() -> None:
         "--modes",
         default="policy,preempt-at-once,no-preemption,fifo",
         help="scheduling: the modes to run (comma-separated)",
+    )
+    parser.add_argument(
+        "--phases", default="alone,fifo,fair_wait,fair", help="fairness: the phases to run (comma-separated)"
+    )
+    parser.add_argument(
+        "--graces",
+        default="0",
+        help="fairness: the fair phase's FAIR_SHARE_PREEMPT_AFTER_S values, a phase each (comma-separated)",
     )
     parser.add_argument("--tabs", default="1,10,50", help="console: staff tabs open at once")
     parser.add_argument("--sentences", type=int, default=10_000, help="retrieval: sentences in the index")
@@ -410,7 +420,12 @@ def main() -> None:
                 f"failed {run['failed']}"
             )
     elif args.scenario == "fairness":
-        report = fairness.fairness(runs=args.rounds, window_s=args.duration or 60.0)
+        report = fairness.fairness(
+            runs=args.rounds,
+            window_s=args.duration or 60.0,
+            phases=args.phases.split(","),
+            graces_s=[float(grace) for grace in args.graces.split(",")],
+        )
         name = "fairness"
         png = plots.fairness(report, args.out / f"{name}.png")
         _print_fairness(report)

@@ -18,7 +18,7 @@ from http.cookies import SimpleCookie
 from typing import Any
 from urllib.parse import urlencode, urlsplit
 
-from scheduler.generation import TERMINAL_EVENTS, Done, Error, event_decode
+from scheduler.generation import TERMINAL_EVENTS, Done, Error, Usage, event_decode
 
 
 @dataclass
@@ -47,15 +47,19 @@ class StreamTrace:
     # The worker's count, from `done`: its engine call until the first token (the prompt's
     # encoding included), what the engine alone is timed over.
     engine_ttft_s: float | None = None
+    usage: Usage | None = None  # from `done`: the answer's prompt and answer tokens
 
 
 class Session:
     """One browser: its cookies, CSRF token, and keep-alive connection for plain requests."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, *, forwarded_for: str | None = None) -> None:
         parts = urlsplit(base_url)
         self.host = parts.hostname or "127.0.0.1"
         self.port = parts.port or 80
+        # The address a trusted proxy in front of the web would name (X-Forwarded-For): browsers
+        # on other machines than the load generator's, each with its own address.
+        self.forwarded_for = forwarded_for
         self.cookies: dict[str, str] = {}
         self._conn: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
 
@@ -65,6 +69,8 @@ class Session:
 
     def _head(self, method: str, path: str, extra: dict[str, str], body: bytes) -> bytes:
         headers = {"Host": f"{self.host}:{self.port}", "Connection": "keep-alive", **extra}
+        if self.forwarded_for:
+            headers["X-Forwarded-For"] = self.forwarded_for
         if self.cookies:
             headers["Cookie"] = "; ".join(f"{k}={v}" for k, v in self.cookies.items())
         if body:
@@ -314,10 +320,12 @@ async def _read_events(
             elif event in TERMINAL_EVENTS:
                 end = event_decode(event, json.loads(data or b"{}"))
                 trace.outcome = f"error:{end.code}" if isinstance(end, Error) else "done"
-                trace.finish_reason = end.finish_reason if isinstance(end, Done) else None
-                if isinstance(end, Done) and end.timings is not None:
-                    trace.queue_s = end.timings.queue_ms / 1000
-                    if end.timings.ttft_ms is not None:
-                        trace.engine_ttft_s = end.timings.ttft_ms / 1000
+                if isinstance(end, Done):
+                    trace.finish_reason = end.finish_reason
+                    trace.usage = end.usage
+                    if end.timings is not None:
+                        trace.queue_s = end.timings.queue_ms / 1000
+                        if end.timings.ttft_ms is not None:
+                            trace.engine_ttft_s = end.timings.ttft_ms / 1000
                 return
     trace.outcome = "closed"

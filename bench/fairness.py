@@ -1,6 +1,7 @@
 """Fair share inside a tier: 20 chat customers of the normal tier asking at a steady pace, alone
 and beside one API key of the same tier that keeps five times the tier's slots busy, with fair
-share (FAIR_SHARE) and with plain arrival order; on the simulated engine with the shipped slots.
+share (FAIR_SHARE; pausing the key's answers after each grace asked for, or waiting for a slot)
+and with plain arrival order; on the simulated engine with the shipped slots.
 """
 
 from __future__ import annotations
@@ -37,15 +38,24 @@ ENGINE = {
     # Every customer's answer is the model's (not the help center's own sentences, which need
     # no slot).
     "CHAT_ANSWER_STYLE": "generated",
+    # Each customer comes from an address of their own (X-Forwarded-For, as from behind the
+    # proxy): a guest's fair-share source is their address, and 20 guests of one address would
+    # be one source beside the key.
+    "TRUSTED_PROXIES": "127.0.0.1",
 }
 FLOOD = "api key"
-# Fair share as shipped (a customer's job pauses the key's youngest answer when every slot is
-# busy), fair share waiting for a slot to turn over instead, and plain arrival order.
-MODES = {
-    "fair": {"FAIR_SHARE": "true", "FAIR_SHARE_PREEMPTION": "true"},
-    "fair_wait": {"FAIR_SHARE": "true", "FAIR_SHARE_PREEMPTION": "false"},
-    "fifo": {"FAIR_SHARE": "false"},
-}
+# The phases: the customers alone (fair share as shipped), and beside the key with plain arrival
+# order, with fair share waiting for a slot to turn over, and with fair share pausing the key's
+# youngest answer when every slot is busy (`fair`: once per grace asked for, each a phase).
+PHASES = ("alone", "fifo", "fair_wait", "fair")
+FAIR = {"FAIR_SHARE": "true", "FAIR_SHARE_PREEMPTION": "true"}
+FAIR_WAIT = {"FAIR_SHARE": "true", "FAIR_SHARE_PREEMPTION": "false"}
+FIFO = {"FAIR_SHARE": "false"}
+
+
+def _fair_phase(grace_s: float) -> str:
+    """The name of the phase pausing the key's answers after `grace_s` (its key in the report)."""
+    return f"flood_fair_{grace_s:g}s"
 
 
 @dataclass
@@ -54,17 +64,25 @@ class Answer:
     sent_at: float
     token_times: list[float] = field(default_factory=list)
     done: bool = False
+    # As the answer's `done` event (chat) or usage chunk (API) reports it: its prompt as asked,
+    # not what the engine prefilled again when the answer was paused and resumed.
+    prompt_tokens: int | None = None
 
     @property
     def ttft_s(self) -> float | None:
         return self.token_times[0] - self.sent_at if self.token_times else None
 
 
+def customer_address(n: int) -> str:
+    """Customer n's address, in a documentation network (RFC 5737)."""
+    return f"198.51.100.{n + 1}"
+
+
 async def _customer(base_url: str, n: int, stop_at: float, answers: list[Answer]) -> None:
     """A guest asking, reading the answer to its end, thinking, asking again, in one
     conversation, until `stop_at`. The customers start spread over one think time: a steady
     pace, not a burst."""
-    session = Session(base_url)
+    session = Session(base_url, forwarded_for=customer_address(n))
     try:
         conversation = await session.open_page()
         await asyncio.sleep(THINK_S * n / CUSTOMERS)
@@ -81,6 +99,7 @@ async def _customer(base_url: str, n: int, stop_at: float, answers: list[Answer]
             trace = await session.stream(response.json()["stream_url"], timeout_s=600)
             answer.token_times = trace.token_times
             answer.done = trace.outcome == "done"
+            answer.prompt_tokens = trace.usage.prompt_tokens if trace.usage is not None else None
             await asyncio.sleep(THINK_S)
     finally:
         session.close()
@@ -96,6 +115,7 @@ async def _flood_stream(base_url: str, key: str, n: int, stop: asyncio.Event, an
         "stream": True,
         "max_tokens": FLOOD_TOKENS,
         "ignore_eos": True,
+        "stream_options": {"include_usage": True},
     }
     while not stop.is_set():
         answer = Answer(source=FLOOD, sent_at=time.perf_counter())
@@ -114,6 +134,8 @@ async def _flood_stream(base_url: str, key: str, n: int, stop: asyncio.Event, an
                 chunk = json.loads(event.data)
                 if any(choice["delta"].get("content") for choice in chunk.get("choices", [])):
                     answer.token_times.append(time.perf_counter())
+                if chunk.get("usage"):
+                    answer.prompt_tokens = chunk["usage"]["prompt_tokens"]
 
 
 async def _sampler(redis_url: str, samples: list[dict[str, float]]) -> None:
@@ -168,6 +190,11 @@ async def _phase(base_url: str, redis_url: str, key: str | None, *, window_s: fl
     chat = [a for a in answers if a.source != FLOOD and a.sent_at < stop_at]
     flood_done = [a for a in answers if a.source == FLOOD and a.done and start <= a.token_times[-1] <= end]
     tokens = [(t, a.source) for a in answers for t in a.token_times if start <= t <= end]
+    # Service as VTC counts it: each answer's prompt once, for the answers that ended in the
+    # window, as their usage reports it (a resumed answer's prompt and streamed text prefilled
+    # again are the engine's work, not service, and are not counted).
+    ended = [a for a in answers if a.done and a.token_times and start <= a.token_times[-1] <= end]
+    prompt_tokens = sum(a.prompt_tokens or 0 for a in ended)
     return {
         "window_s": end - start,
         "chat_ttft_s": distribution([a.ttft_s for a in chat if a.ttft_s is not None]),
@@ -176,6 +203,15 @@ async def _phase(base_url: str, redis_url: str, key: str | None, *, window_s: fl
         "flood_answers": len(flood_done),
         "tokens_per_s": len(tokens) / (end - start),
         "chat_tokens_per_s": sum(source != FLOOD for _, source in tokens) / (end - start),
+        "prompt_tokens_per_s": prompt_tokens / (end - start),
+        "service_tokens_per_s": (prompt_tokens + len(tokens)) / (end - start),
+        "answers_ended_without_usage": sum(a.prompt_tokens is None for a in ended),
+        "chat_prompt_tokens_mean": _mean(
+            [a.prompt_tokens for a in ended if a.source != FLOOD and a.prompt_tokens is not None]
+        ),
+        "flood_prompt_tokens_mean": _mean(
+            [a.prompt_tokens for a in ended if a.source == FLOOD and a.prompt_tokens is not None]
+        ),
         "shares": _shares(tokens, start, end),
         "slots_running_mean": _mean([sample["running"] for sample in samples]),
         "answers_paused_mean": _mean([sample["paused"] for sample in samples]),
@@ -198,7 +234,30 @@ def _shares(tokens: list[tuple[float, str]], start: float, end: float) -> list[d
     return buckets
 
 
-def fairness(*, runs: int, window_s: float) -> dict[str, Any]:
+def _phase_stacks(phases: list[str], graces_s: list[float]) -> list[tuple[str, dict[str, str], bool]]:
+    """Each phase of a run in order: its report key, its settings, whether the key floods."""
+    stacks: list[tuple[str, dict[str, str], bool]] = []
+    for phase in phases:
+        if phase == "alone":
+            stacks.append(("alone", {}, False))
+        elif phase == "fifo":
+            stacks.append(("flood_fifo", FIFO, True))
+        elif phase == "fair_wait":
+            stacks.append(("flood_fair_wait", FAIR_WAIT, True))
+        elif phase == "fair":
+            stacks += [
+                (_fair_phase(grace), {**FAIR, "FAIR_SHARE_PREEMPT_AFTER_S": str(grace)}, True)
+                for grace in graces_s
+            ]
+        else:
+            raise ValueError(f"no phase {phase!r}: one of {', '.join(PHASES)}")
+    return stacks
+
+
+def fairness(*, runs: int, window_s: float, phases: list[str], graces_s: list[float]) -> dict[str, Any]:
+    """`runs` runs of `phases` (in PHASES), `fair` once per grace in `graces_s`; each phase on
+    a fresh stack."""
+    stacks = _phase_stacks(phases, graces_s)
     report: dict[str, Any] = {
         "customers": CUSTOMERS,
         "think_s": THINK_S,
@@ -207,21 +266,15 @@ def fairness(*, runs: int, window_s: float) -> dict[str, Any]:
         "flood_streams": FLOOD_FACTOR * (SLOTS - VIP_RESERVED),
         "flood_tokens": FLOOD_TOKENS,
         "window_s": window_s,
+        "fair_graces_s": graces_s if "fair" in phases else [],
         "runs": [],
     }
     for run in range(1, runs + 1):
         row: dict[str, Any] = {}
-        for mode, env in MODES.items():
+        for name, env, flood in stacks:
             with running({**ENGINE, **env}) as stack:
-                key = stack.create_api_key("alice")
-                if mode == "fair":
-                    print(f"  run {run}: the customers alone", flush=True)
-                    row["alone"] = asyncio.run(
-                        _phase(stack.base_url, stack.redis.url, None, window_s=window_s)
-                    )
-                print(f"  run {run}: the customers beside the flood, {mode}", flush=True)
-                row[f"flood_{mode}"] = asyncio.run(
-                    _phase(stack.base_url, stack.redis.url, key, window_s=window_s)
-                )
+                key = stack.create_api_key("alice") if flood else None
+                print(f"  run {run}: {name}", flush=True)
+                row[name] = asyncio.run(_phase(stack.base_url, stack.redis.url, key, window_s=window_s))
         report["runs"].append(row)
     return report

@@ -308,15 +308,13 @@ def peer(report: dict, path: Path) -> Path:
 
 def fairness(report: dict, path: Path) -> Path:
     """Each source's share of the tokens delivered over time (the chat customers in blues, the
-    flooding key in orange), with plain arrival order and with fair share, from the first run;
-    beside them the customers' TTFT p50 and p99 of every run."""
+    flooding key in orange) in each flood phase of the first run; beside them the customers'
+    TTFT p50 and p99 in every phase of every run."""
     plt = pyplot()
-    figure, axes = plt.subplots(1, 3, figsize=(16, 4.5))
     run = report["runs"][0]
-    for axis, mode, title in (
-        (axes[0], "flood_fifo", "Arrival order"),
-        (axes[1], "flood_fair", "Fair share"),
-    ):
+    flooded = [name for name in run if name.startswith("flood_")]
+    figure, axes = plt.subplots(1, len(flooded) + 1, figsize=(5.3 * (len(flooded) + 1), 4.5), squeeze=False)
+    for axis, mode in zip(axes[0], flooded, strict=False):
         buckets = run[mode]["shares"]
         sources = sorted({s for b in buckets for s in b["shares"]}, key=lambda s: (s == "api key", s))
         times = [b["t"] for b in buckets]
@@ -331,30 +329,36 @@ def fairness(report: dict, path: Path) -> Path:
             xlabel="time (s)",
             ylabel="share of tokens delivered",
             ylim=(0, 1),
-            title=f"{title}: each source's share",
+            title=f"{_fairness_label(mode)}: each source's share",
         )
         axis.legend(fontsize=7, loc="upper right")
-    ttft = axes[2]
-    labels = [
-        ("alone", "alone"),
-        ("flood_fifo", "FIFO"),
-        ("flood_fair_wait", "fair, waiting"),
-        ("flood_fair", "fair, pausing"),
-    ]
+    ttft = axes[0][-1]
     for q, marker in (("p50", "o"), ("p99", "s")):
         for n, r in enumerate(report["runs"]):
             ttft.plot(
-                [label for _, label in labels],
-                [r[mode]["chat_ttft_s"][q] for mode, _ in labels],
+                [_fairness_label(mode) for mode in r],
+                [phase["chat_ttft_s"][q] for phase in r.values()],
                 marker=marker,
                 linestyle="-" if q == "p99" else ":",
                 alpha=0.8,
                 label=f"{q} run {n + 1}",
             )
     ttft.set(ylabel="chat TTFT (s)", yscale="log", title="Chat customers' time to first token")
+    ttft.tick_params(axis="x", labelsize=7, rotation=20)
     ttft.legend(fontsize=7)
     figure.suptitle(
         f"{report['customers']} chat customers beside one API key keeping {report['flood_streams']} "
         f"requests of {report['flood_tokens']} tokens open ({report['slots']} slots, simulated engine)"
     )
     return _save(figure, path)
+
+
+def _fairness_label(phase: str) -> str:
+    """A fairness phase's name on the plot: `flood_fair_0.5s` reads "fair, pausing after 0.5 s"."""
+    if phase == "alone":
+        return "alone"
+    if phase == "flood_fifo":
+        return "FIFO"
+    if phase == "flood_fair_wait":
+        return "fair, waiting"
+    return f"fair, pausing after {phase.removeprefix('flood_fair_').removesuffix('s')} s"

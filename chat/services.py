@@ -22,6 +22,7 @@ from chat.models import Conversation, Message
 from knowledge import cache as answer_cache
 from knowledge import selectors as knowledge_selectors
 from knowledge.answers import answer_plan
+from knowledge.history import window_start
 from scheduler import control
 from scheduler.admission import Admission, request_admit, request_admit_known
 from scheduler.generation import GenerationJob, Origin, Tier
@@ -144,16 +145,16 @@ def _question_vector(text: str) -> np.ndarray | None:
 
 def _history(conversation: Conversation) -> tuple[list[dict[str, str]], list[str]]:
     """The conversation so far as a model reads it (the customer's messages and the answers
-    that finished, oldest first, at most CHAT_HISTORY_MESSAGES), and the articles the last
-    answer quoted (its follow-up is likely about them)."""
-    recent = list(
+    that finished, oldest first, at most CHAT_HISTORY_MESSAGES from a start that moves on in
+    blocks: knowledge.history), and the articles the last answer quoted (its follow-up is
+    likely about them)."""
+    read = (
         conversation.messages.filter(Q(role=Message.Role.USER) | Q(generation__status=Generation.Status.DONE))
         .annotate(text=Coalesce("generation__text", "content"))
         .exclude(text="")
-        .order_by("-created_at", "-id")
-        .values("role", "text", "sources")[: settings.CHAT_HISTORY_MESSAGES]
+        .order_by("created_at", "id")
     )
-    recent.reverse()
+    recent = list(read.values("role", "text", "sources")[window_start(read.count()) :])
     history = [{"role": message["role"], "content": message["text"]} for message in recent]
     answers = [message for message in recent if message["role"] == Message.Role.ASSISTANT]
     previous_sources = [source["slug"] for source in answers[-1]["sources"]] if answers else []

@@ -291,7 +291,8 @@ HANDOFF_MEASURES_WINDOW_S = env_float("HANDOFF_MEASURES_WINDOW_S", 7 * 86400.0)
 # scores a question against an unrelated shop passage about 0.78-0.80, a related one 0.83-0.90.
 KNOWLEDGE_MIN_SCORE = env_float("KNOWLEDGE_MIN_SCORE", 0.83)
 KNOWLEDGE_MAX_EXCERPTS = env_int("KNOWLEDGE_MAX_EXCERPTS", 3)
-# Excerpts take their room from CHAT_HISTORY_MAX_CHARS, so the prompt's size stays the same.
+# Excerpts take their room from CHAT_HISTORY_MAX_CHARS, so the prompt's size stays the same: the
+# history keeps the rest whatever a question's excerpts take (knowledge.history).
 KNOWLEDGE_PROMPT_MAX_CHARS = env_int("KNOWLEDGE_PROMPT_MAX_CHARS", 1200)
 GUEST_RETENTION_DAYS = env_int("GUEST_RETENTION_DAYS", 30)
 # The result cache (knowledge/cache.py): first-turn questions answered again from an earlier
@@ -420,6 +421,10 @@ FAIR_SHARE_PROMPT_TOKEN_WEIGHT = env_float("FAIR_SHARE_PROMPT_TOKEN_WEIGHT", 0.2
 # With every slot busy, a job of a source served less pauses the youngest answer of the source
 # holding the most slots (it resumes from its streamed text), instead of waiting for one to end.
 FAIR_SHARE_PREEMPTION = env_bool("FAIR_SHARE_PREEMPTION", True)
+# How long such a job waits since it was queued, for a slot to turn over, before it pauses an
+# answer (0: at once): a pause costs the engine the paused answer's prefill again. 1 s measured
+# best beside a flooding key (docs/BENCHMARKS.md, section 15).
+FAIR_SHARE_PREEMPT_AFTER_S = env_float("FAIR_SHARE_PREEMPT_AFTER_S", 1.0)
 # With several workers for a model, a conversation's next turn is left this long for the worker
 # that answered its previous one (its prefix cache holds the conversation) before any worker
 # takes it; 0: no affinity. A worker that drains or stops heartbeating loses it at once.
@@ -484,6 +489,10 @@ INFERENCE_MAX_MODEL_LEN = env_int("INFERENCE_MAX_MODEL_LEN", 2048)
 # What the engine computes in: "auto" is vLLM's choice (the model's dtype) on a GPU and on a CPU
 # that computes bfloat16 natively, float32 on one that does not (inference.engines.vllm.engine_dtype).
 INFERENCE_DTYPE = env_str("INFERENCE_DTYPE", "auto")
+# Tokens per KV-cache block, the unit vLLM's prefix cache reuses: a prompt's cached part is
+# rounded down to whole blocks. 0 is vLLM's choice (16 on a GPU, 128 on a CPU, where a chat
+# turn's few hundred tokens then reuse little of the last turn's).
+INFERENCE_BLOCK_SIZE = env_int("INFERENCE_BLOCK_SIZE", 0)
 # Room for 16 answers of 2048 tokens in float32 (half of it in bfloat16).
 INFERENCE_KV_CACHE_GIB = env_int("INFERENCE_KV_CACHE_GIB", 2)
 INFERENCE_GPU_MEMORY_UTILIZATION = env_float("INFERENCE_GPU_MEMORY_UTILIZATION", 0.9)

@@ -25,7 +25,8 @@ from knowledge.chunking import passage_sentences
 from knowledge.declines import DeclineReason, decline_reason
 from knowledge.embedding import EmbedderUnavailable
 from knowledge.extractive import extract
-from knowledge.prompts import decline_text, small_talk, small_talk_reply, system_prompt_text
+from knowledge.history import kept, window_start
+from knowledge.prompts import decline_text, question_text, small_talk, small_talk_reply, system_prompt_text
 from knowledge.retrieval import Retrieval, message_language, retrieve
 from knowledge.selectors import Source, excerpts_of
 from scheduler.admission import HELP_CENTER, KnownAnswer
@@ -72,16 +73,10 @@ def _known(text: str, *, style: str, started: float, declined: str = "", checked
 def _with_history(
     system: str, history: list[dict[str, str]], message: str, *, room: int
 ) -> list[dict[str, str]]:
-    """The system prompt, as much recent history as fits `room` characters, then the message:
-    the prompt must leave room for the answer inside the model's context."""
-    kept: list[dict[str, str]] = []
-    for turn in reversed(history[-settings.CHAT_HISTORY_MESSAGES :]):
-        room -= len(turn["content"])
-        if room < 0:
-            break
-        kept.append(turn)
-    kept.reverse()
-    return [{"role": "system", "content": system}, *kept, {"role": "user", "content": message}]
+    """The system prompt, the recent history that fits `room` characters (knowledge.history),
+    then the message: the prompt must leave room for the answer inside the model's context."""
+    recent = kept(history[window_start(len(history)) :], room=room)
+    return [{"role": "system", "content": system}, *recent, {"role": "user", "content": message}]
 
 
 def answer_plan(
@@ -103,7 +98,7 @@ def answer_plan(
     if small_talk(message) and style == Style.EXTRACTIVE:
         return AnswerPlan(_known(small_talk_reply(message, language), style=style, started=started), [], ())
     if small_talk(message) or not variant.knowledge:
-        system = system_prompt_text(assistant_prompt=variant.system_prompt, excerpts=())
+        system = system_prompt_text(assistant_prompt=variant.system_prompt, excerpts_found=False)
         if not variant.knowledge:
             system = variant.system_prompt
         return AnswerPlan(
@@ -124,7 +119,7 @@ def answer_plan(
     if retrieval is None and style != Style.EXTRACTIVE:
         # No article to search: a model answers as it would without the help center, told to
         # say that it does not know (and a verified answer is checked against nothing).
-        system = system_prompt_text(assistant_prompt=variant.system_prompt, excerpts=())
+        system = system_prompt_text(assistant_prompt=variant.system_prompt, excerpts_found=False)
         grounding = None
         if style == Style.VERIFIED:
             grounding = Grounding(
@@ -146,9 +141,12 @@ def answer_plan(
         known = _known(extracted.text, style=style, started=started, checked=len(extracted.sentences))
         return AnswerPlan(known, [], sources, kb_version=kb_version, support=extracted.sentences)
     excerpts = excerpts_of(retrieval)
-    system = system_prompt_text(assistant_prompt=variant.system_prompt, excerpts=excerpts)
-    room = settings.CHAT_HISTORY_MAX_CHARS - sum(len(excerpt.text) for excerpt in excerpts)
-    messages = _with_history(system, history, message, room=room)
+    system = system_prompt_text(assistant_prompt=variant.system_prompt, excerpts_found=bool(excerpts))
+    question = question_text(question=message, excerpts=excerpts) if excerpts else message
+    # The history's room is what the excerpts may take at most, not what this question's took:
+    # each turn then keeps the earlier messages the last one kept (knowledge.history).
+    room = settings.CHAT_HISTORY_MAX_CHARS - settings.KNOWLEDGE_PROMPT_MAX_CHARS
+    messages = _with_history(system, history, question, room=room)
     sources = tuple(dict.fromkeys(excerpt.source for excerpt in excerpts))
     grounding = None
     if style == Style.VERIFIED:

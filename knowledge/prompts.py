@@ -1,7 +1,8 @@
-"""What the assistant says in its own words: the system prompt a model answers under (the
-variant's prompt, then the help center's excerpts), and the replies written here rather than by
-a model: the honest decline, with the offer of a person from the team, and the greeting. Each
-in the customer's language (English, French, Spanish or German)."""
+"""What the assistant says in its own words: the prompt a model answers under (the variant's
+system prompt and the help center's rules; the excerpts found for a question, given with it),
+and the replies written here rather than by a model: the honest decline, with the offer of a
+person from the team, and the greeting. Each in the customer's language (English, French,
+Spanish or German)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,16 @@ from knowledge.selectors import Excerpt
 
 # The help center decides what the assistant may say: a small model asked without it invents
 # policies, and one told to keep to excerpts still needs to be told what to do without any.
+# The rules are the same every turn, so they stay in the system message; the excerpts change
+# with each question, so they come with it, after the conversation: a turn's prompt then
+# starts with the whole of the previous turn's, which the worker that answered it has cached.
 HELP_CENTER_PROMPT = (
-    "Answer only from these excerpts of our help center, in one to three short sentences, in "
-    "the customer's language. Give the exact figures they state. If they do not answer the "
-    "question, say that you do not know. Never make up policies, prices or dates.\n\n{excerpts}"
+    "Answer only from the excerpts of our help center given with the customer's question, in "
+    "one to three short sentences, in the customer's language. Give the exact figures they "
+    "state. If they do not answer the question, say that you do not know. Never make up "
+    "policies, prices or dates."
 )
+QUESTION_WITH_EXCERPTS = "Help center excerpts:\n\n{excerpts}\n\nCustomer question: {question}"
 NO_HELP_CENTER_MATCH_PROMPT = (
     "Our help center has nothing on this message. If it is a greeting or thanks, reply briefly. "
     "Otherwise say that you do not know, and offer to put the customer in touch with a person "
@@ -105,13 +111,18 @@ def decline_text(language: str, *, one_order: bool = False) -> str:
     return replies.get(language, replies["en"])
 
 
-def system_prompt_text(*, assistant_prompt: str, excerpts: tuple[Excerpt, ...]) -> str:
-    """The system prompt of a model answering from the help center: the variant's own prompt,
-    then the excerpts (or, with none, what to do without them)."""
-    if not excerpts:
-        return f"{assistant_prompt}\n\n{NO_HELP_CENTER_MATCH_PROMPT}"
+def system_prompt_text(*, assistant_prompt: str, excerpts_found: bool) -> str:
+    """The system message of a model answering from the help center: the variant's own prompt,
+    then how to use the excerpts (or, with none found, what to do without them)."""
+    rules = HELP_CENTER_PROMPT if excerpts_found else NO_HELP_CENTER_MATCH_PROMPT
+    return f"{assistant_prompt}\n\n{rules}"
+
+
+def question_text(*, question: str, excerpts: tuple[Excerpt, ...]) -> str:
+    """The customer's new message as the model reads it: the excerpts found for it, then the
+    message itself (earlier messages are read as the customer wrote them)."""
     quoted = "\n\n".join(
         f"## {excerpt.source.title}{f' / {excerpt.heading}' if excerpt.heading else ''}\n{excerpt.text}"
         for excerpt in excerpts
     )
-    return f"{assistant_prompt}\n\n{HELP_CENTER_PROMPT.format(excerpts=quoted)}"
+    return QUESTION_WITH_EXCERPTS.format(excerpts=quoted, question=question)

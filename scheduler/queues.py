@@ -114,8 +114,10 @@ _CLAIM = (
 --       fair share (1/0), the backlog's consumer, idle credit, most to sort in per tier and
 --       call, the source a job must be under the share of ('' for any), the affinity keys'
 --       prefix, how long a job is left to its conversation's worker (s, 0: never), how long
---       a conversation remembers it (s), a serving worker's heartbeat lifetime (s), then per
---       tier: the most to take, its backlogs' key prefix; last, the most counters kept per tier
+--       a conversation remembers it (s), a serving worker's heartbeat lifetime (s), how long a
+--       job taken to pause an answer of ARGV[10]'s must have waited since it was queued (s),
+--       then per tier: the most to take, its backlogs' key prefix; last, the most counters kept
+--       per tier
 local out = {}
 local group, consumer = ARGV[1], ARGV[2]
 local left = tonumber(ARGV[3])
@@ -142,7 +144,7 @@ local function sort_in(i)
   if not res then return end
   for _, entry in ipairs(res[1][2]) do
     local source = fields_of(entry[2])['source'] or entry[1]
-    if redis.call('RPUSH', ARGV[16 + 2 * i] .. source, entry[1]) == 1 then
+    if redis.call('RPUSH', ARGV[17 + 2 * i] .. source, entry[1]) == 1 then
       local start = fair_start(key(i, 3), key(i, 4), key(i, 5), source, credit)
       redis.call('ZADD', key(i, 4), start, source)
     end
@@ -175,13 +177,23 @@ local function left_for_another(i, id)
   if not seen or t - seen > serving_stale_s then return false end
   return t - tonumber(string.match(id, '^(%d+)')) / 1000 < affinity_wait
 end
+-- Taken to pause an answer for, a job must have waited `preempt_after` since it was queued
+-- (its entry id is the enqueue's Redis time): one that would get a slot turning over soon
+-- pauses nothing, and the paused answer's prompt and streamed text are not prefilled again.
+local preempt_after = tonumber(ARGV[15])
+local function within_grace(id)
+  if over == '' or preempt_after <= 0 or not id then return false end
+  return t - tonumber(string.match(id, '^(%d+)')) / 1000 < preempt_after
+end
 -- The waiting source served least whose next job this worker may take now, or nil.
-local AFFINITY_LOOK = 16  -- sources looked at past those whose next job is left to another
+local AFFINITY_LOOK = 16  -- sources looked at past those whose next job is not taken now
 local function next_source(i)
   local sources = redis.call('ZRANGE', key(i, 4), 0, AFFINITY_LOOK - 1, 'WITHSCORES')
   for j = 1, #sources, 2 do
-    local head = redis.call('LINDEX', ARGV[16 + 2 * i] .. sources[j], 0)
-    if not left_for_another(i, head) then return sources[j], tonumber(sources[j + 1]) end
+    local head = redis.call('LINDEX', ARGV[17 + 2 * i] .. sources[j], 0)
+    if not left_for_another(i, head) and not within_grace(head) then
+      return sources[j], tonumber(sources[j + 1])
+    end
   end
   return nil
 end
@@ -194,7 +206,7 @@ local function take_fair(i, count)
     if over ~= '' and (source == over or counter >= (counter_of(i, over) or -math.huge)) then
       break
     end
-    local backlog = ARGV[16 + 2 * i] .. source
+    local backlog = ARGV[17 + 2 * i] .. source
     local id = redis.call('LPOP', backlog)
     -- Only an entry the backlog still holds: one handed to a worker otherwise is not taken.
     if id and #redis.call('XPENDING', key(i, 1), group, id, id, 1, backlog_consumer) > 0 then
@@ -250,7 +262,7 @@ end
 local order = {}
 for i = 0, tiers - 1 do
   order[#order + 1] = i
-  if fair and tonumber(ARGV[15 + 2 * i]) > 0 then sort_in(i) end
+  if fair and tonumber(ARGV[16 + 2 * i]) > 0 then sort_in(i) end
 end
 -- Aging: when the aged tier's oldest job has waited past aging_s, that tier goes first.
 local aged = tonumber(ARGV[4])
@@ -266,7 +278,7 @@ if aged >= 0 then
   end
 end
 for _, i in ipairs(order) do
-  local count = math.min(tonumber(ARGV[15 + 2 * i]), left)
+  local count = math.min(tonumber(ARGV[16 + 2 * i]), left)
   if count > 0 then
     if fair then left = left - take_fair(i, count) else left = left - take_in_order(i, count) end
   end
@@ -579,7 +591,8 @@ class JobQueue:
         """Claim up to `total` new jobs, taking tiers in the order of keys.TIERS and at most
         per_tier[tier] from each; a normal job waiting over `aging_s` goes before VIP. Inside a
         tier, with fair share, each job is the next of the waiting source served least; with
-        `under_share_of` (a source), only if that source was served less than this one. A
+        `under_share_of` (a source), only if that source was served less than this one and
+        the job has waited FAIR_SHARE_PREEMPT_AFTER_S since it was queued. A
         conversation's turn is left up to AFFINITY_WAIT_S to the serving worker that claimed
         its previous one (the sources after it go first meanwhile)."""
         tier_keys: list[str] = []
@@ -610,6 +623,7 @@ class JobQueue:
                 settings.AFFINITY_WAIT_S,
                 settings.AFFINITY_TTL_S,
                 settings.WORKER_HEARTBEAT_TTL_S,
+                settings.FAIR_SHARE_PREEMPT_AFTER_S,
                 *tier_args,
                 settings.FAIR_SHARE_SOURCES_KEPT,
             ],

@@ -141,6 +141,7 @@ def engine_args(
         max_model_len=max_model_len,
         gpu_memory_utilization=gpu_memory_utilization,
         enable_chunked_prefill=True,
+        block_size=settings.INFERENCE_BLOCK_SIZE or None,
         # CUDA graphs and torch.compile only pay off on a GPU; on CPU they slow the start.
         enforce_eager=not on_gpu,
         # The worker's heartbeat reports load; vLLM's periodic log lines would repeat it.
@@ -158,6 +159,7 @@ def server_flags(args: AsyncEngineArgs) -> list[str]:
         "--max-model-len", str(args.max_model_len),
         "--gpu-memory-utilization", str(args.gpu_memory_utilization),
         "--enable-chunked-prefill" if args.enable_chunked_prefill else "--no-enable-chunked-prefill",
+        *(["--block-size", str(args.block_size)] if args.block_size else []),
         "--enforce-eager" if args.enforce_eager else "--no-enforce-eager",
         *(["--disable-log-stats"] if args.disable_log_stats else []),
     ]  # fmt: skip

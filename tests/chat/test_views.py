@@ -376,10 +376,11 @@ def test_an_answer_is_written_from_the_help_center_and_names_its_sources(client_
     knowledge_services.article_create(slug="gift-cards", title="Gift cards", body="Gift cards never expire.")
     assert _post(client_alice, conversation, "How long do I have to return an item?").status_code == 202
     (job,) = worker_double.queued("normal")
-    system_prompt = job["messages"][0]["content"]
-    assert "Answer only from these excerpts" in system_prompt
-    assert "You can return most items within 30 days." in system_prompt
-    assert "Gift cards never expire" not in system_prompt
+    system, question = job["messages"][0]["content"], job["messages"][-1]["content"]
+    assert "Answer only from the excerpts of our help center" in system
+    assert "You can return most items within 30 days." in question  # with the question it answers
+    assert "Gift cards never expire" not in question
+    assert question.endswith("Customer question: How long do I have to return an item?")
     answer = conversation.messages.get(role="assistant")
     assert answer.sources == [{"slug": "returns-policy", "title": "Returns policy"}]
     page = client_alice.get(f"/chat/{conversation.pk}").content.decode()
@@ -424,6 +425,17 @@ def test_a_follow_up_is_asked_of_the_model_with_its_conversation(client_alice, c
     assert _post(client_alice, conversation, "And what if it came broken?").status_code == 202
     (job,) = worker_double.queued("normal")
     assert {"role": "user", "content": "Can I return a lamp?"} in job["messages"]
+
+
+def test_a_long_conversation_is_read_from_a_start_that_moves_in_blocks(client_alice, conversation, settings):
+    settings.CHAT_HISTORY_MESSAGES = 4
+    for n in range(5):
+        Message.objects.create(conversation=conversation, role=Message.Role.USER, content=f"Earlier {n}")
+    assert _post(client_alice, conversation, "Hello there").status_code == 202
+    (job,) = worker_double.queued("normal")
+    # Five earlier messages, at most four read: the start moves on by two, not by one.
+    read = [message["content"] for message in job["messages"][1:-1]]
+    assert read == ["Earlier 2", "Earlier 3", "Earlier 4"]
 
 
 def test_conversations_routed_to_the_candidate_are_asked_its_way_on_the_same_model(client_alice, alice):

@@ -321,7 +321,8 @@ def test_the_engine_computes_in_the_dtype_chosen_for_this_machine(vllm_engine: E
     assert str(engine.model_config.dtype).removeprefix("torch.") == expected
 
 
-def test_vllm_serve_given_the_server_flags_builds_the_workers_engine():
+@pytest.mark.parametrize("block_size", [0, 32])
+def test_vllm_serve_given_the_server_flags_builds_the_workers_engine(settings, block_size):
     """The differential tests compare the product with `vllm serve` started with these flags:
     parsed by vLLM's own server, they must give the engine arguments the worker uses."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -331,9 +332,11 @@ def test_vllm_serve_given_the_server_flags_builds_the_workers_engine():
     def served(flags: list[str]) -> AsyncEngineArgs:
         return AsyncEngineArgs.from_cli_args(make_arg_parser(FlexibleArgumentParser()).parse_args(flags))
 
+    settings.INFERENCE_BLOCK_SIZE = block_size  # 0: vLLM's own choice
     worker = engine_args(
         model_path=settings.INFERENCE_MODEL, max_num_seqs=8, max_model_len=1024, gpu_memory_utilization=0.5
     )
+    assert worker.block_size == (block_size or None)
     server = served(server_flags(worker))
     # Where the server's own defaults differ from the dataclass's (LoRA, multimodal options), the
     # worker keeps the dataclass's: none of them touches a text model's answers.

@@ -1,6 +1,8 @@
 """How a chat message is answered, per answer style: what is known without a model, what a
 model is given, and the decline and the greeting every style shares."""
 
+import itertools
+
 import pytest
 
 from knowledge.answers import answer_plan
@@ -40,9 +42,10 @@ def test_a_model_answer_is_asked_from_the_excerpts_and_a_verified_one_carries_it
     plan = answer_plan(variant=_variant(style), message="How much is express shipping?")
     assert plan.known is None
     system, question = plan.messages[0], plan.messages[-1]
-    assert system["role"] == "system" and HELP_CENTER_PROMPT.split("\n")[0] in system["content"]
-    assert "$14.95" in system["content"]
-    assert question == {"role": "user", "content": "How much is express shipping?"}
+    assert system == {"role": "system", "content": f"You are a shop assistant.\n\n{HELP_CENTER_PROMPT}"}
+    # The excerpts come with the question they were found for, after the conversation.
+    assert question["role"] == "user" and "$14.95" in question["content"]
+    assert question["content"].endswith("\n\nCustomer question: How much is express shipping?")
     if style == Style.VERIFIED:
         assert plan.grounding.language == "en" and plan.grounding.decline == DECLINES["en"]
         assert any("$14.95" in sentence for source in plan.grounding.sources for sentence in source.sentences)
@@ -78,6 +81,29 @@ def test_a_follow_up_is_answered_with_its_conversation(help_center):
     assert "$59" in plan.known.text
     verified = answer_plan(variant=_variant(Style.VERIFIED), message="and for a sofa?", history=history)
     assert verified.messages[1:3] == history  # the model reads the conversation too
+
+
+def test_a_turns_prompt_starts_with_the_whole_of_the_previous_turns_prompt_and_answer(help_center):
+    variant = _variant(Style.GENERATED)
+    history: list[dict[str, str]] = []
+    prompts = []
+    for question in (
+        "How much does a return label cost?",
+        "How much is express shipping?",
+        "Can I pay with PayPal?",
+    ):
+        messages = answer_plan(variant=variant, message=question, history=history).messages
+        prompts.append(messages)
+        answer = {"role": "assistant", "content": f"An answer to: {question}"}
+        history += [{"role": "user", "content": question}, answer]
+        # Each question brings other excerpts: they stay with it, never in the history.
+        assert messages[-1]["content"].endswith(question) and messages[-1]["content"] != question
+    for previous, following in itertools.pairwise(prompts):
+        assert following[: len(previous) - 1] == previous[:-1]
+        assert (
+            following[len(previous) - 1]["content"]
+            == previous[-1]["content"].rpartition("Customer question: ")[2]
+        )
 
 
 def test_without_its_embedding_model_the_help_center_declines_rather_than_guess(help_center, monkeypatch):

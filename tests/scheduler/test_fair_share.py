@@ -1,4 +1,5 @@
 import asyncio
+import time
 
 import pytest
 
@@ -189,24 +190,59 @@ def test_jobs_waiting_their_turn_are_not_taken_over_as_expired_leases():
     assert sync_redis().llen(keys.fair_backlog_prefix(MODEL, "normal") + "api:key:1") == 2
 
 
-def test_a_job_taken_to_pause_an_answer_for_must_be_of_a_source_served_less():
+async def _claim_under(source: str) -> list[str]:
+    client = new_async_redis()
+    queue = JobQueue(client, model=MODEL, consumer="w1", fair_share=True)
+    try:
+        jobs = await queue.claim(total=1, per_tier={"normal": 1}, under_share_of=source)
+        return [job.request_id for job in jobs]
+    finally:
+        await client.aclose()
+
+
+def test_a_job_taken_to_pause_an_answer_for_must_be_of_a_source_served_less(settings):
+    settings.FAIR_SHARE_PREEMPT_AFTER_S = 0.0
     for n in range(3):
         _enqueue(f"flood-{n}", client_id="key:1", origin=Origin.API)
     assert _claims(one_at_a_time=2) == ["flood-0", "flood-1"]
 
-    async def claim_under(source: str) -> list[str]:
-        client = new_async_redis()
-        queue = JobQueue(client, model=MODEL, consumer="w1", fair_share=True)
-        try:
-            jobs = await queue.claim(total=1, per_tier={"normal": 1}, under_share_of=source)
-            return [job.request_id for job in jobs]
-        finally:
-            await client.aclose()
-
     # The key's own next job is never taken to pause its answer for.
-    assert asyncio.run(claim_under("api:key:1")) == []
+    assert asyncio.run(_claim_under("api:key:1")) == []
     _enqueue("chat-0", client_id="guest:a")
-    assert asyncio.run(claim_under("api:key:1")) == ["chat-0"]
+    assert asyncio.run(_claim_under("api:key:1")) == ["chat-0"]
+
+
+def test_a_job_is_taken_to_pause_an_answer_for_only_once_it_has_waited_out_the_grace(settings):
+    settings.FAIR_SHARE_PREEMPT_AFTER_S = 1.0
+    for n in range(3):
+        _enqueue(f"flood-{n}", client_id="key:1", origin=Origin.API)
+    assert _claims(one_at_a_time=2) == ["flood-0", "flood-1"]
+    queued_at = time.monotonic()
+    _enqueue("chat-0", client_id="guest:a")
+
+    async def claim_when_taken() -> tuple[list[str], float]:
+        while time.monotonic() - queued_at < 30:
+            taken = await _claim_under("api:key:1")
+            if taken:
+                return taken, time.monotonic() - queued_at
+            await asyncio.sleep(0.05)
+        return [], time.monotonic() - queued_at
+
+    taken, waited_s = asyncio.run(claim_when_taken())
+
+    assert taken == ["chat-0"]
+    assert waited_s >= settings.FAIR_SHARE_PREEMPT_AFTER_S
+
+
+def test_a_slot_turning_over_takes_a_job_under_its_share_whatever_the_grace(settings):
+    settings.FAIR_SHARE_PREEMPT_AFTER_S = 60.0
+    for n in range(3):
+        _enqueue(f"flood-{n}", client_id="key:1", origin=Origin.API)
+    assert _claims(one_at_a_time=2) == ["flood-0", "flood-1"]
+    _enqueue("chat-0", client_id="guest:a")
+
+    assert asyncio.run(_claim_under("api:key:1")) == []  # not waited out: pauses nothing
+    assert _claims(one_at_a_time=1) == ["chat-0"]  # a free slot: ahead of the key's next
 
 
 def test_a_source_served_alone_all_night_is_not_starved_by_a_newcomer_in_the_morning():
