@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the launcher package lives beside scripts/
 
 from launcher.nginx import Nginx  # noqa: E402
-from launcher.process import Place, Prefixed, Process, port_open, stop_in_order  # noqa: E402
+from launcher.process import Place, Prefixed, Process, port_open, stop_in_order, wait_for_port  # noqa: E402
 from launcher.redis import RedisServer  # noqa: E402
 from launcher.stack import WORKER_STOP_TIMEOUT_S, celery_command, web_command, worker_command  # noqa: E402
 
@@ -156,7 +156,11 @@ def main() -> None:
                     stop_timeout_s=WORKER_STOP_TIMEOUT_S,
                 )
             )
-        children.extend(web_processes(env))
+        web = web_processes(env)
+        children.extend(web)
+        # Said once the page answers: opened any sooner, it would not load.
+        page_host = "127.0.0.1" if HOST in {"0.0.0.0", "::"} else HOST
+        wait_for_port(PORT, process=web[-1], timeout_s=120.0, host=page_host)
         engine = env.get("INFERENCE_ENGINE", "vllm")
         say(f"Open http://{HOST}:{PORT}/  (engine: {engine}; the console is at /console/; Ctrl-C stops all)")
         while all(process.running() for process in children):
