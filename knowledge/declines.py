@@ -115,14 +115,14 @@ def _uncovered_topic(retrieval: Retrieval) -> str | None:
     speaks of: none holds all its words (with its section's heading and its article's title).
     Words found apart say nothing of it: "pick the items" and "your order" are no pick-up."""
     index = retrieval.index
-    searched = [
-        sentence.terms
-        for sentence, language in zip(index.sentences, index.sentence_language, strict=True)
-        if language == retrieval.searched_language
-    ]
     for match in _SHOP_TOPICS.finditer(retrieval.question):
+        # Only a question that names a topic pays for the pass over the sentences.
         topic = set(terms(match.group()))
-        if not any(topic <= found for found in searched):
+        if not any(
+            topic <= sentence.terms
+            for sentence, language in zip(index.sentences, index.sentence_language, strict=True)
+            if language == retrieval.searched_language
+        ):
             return match.group()
     return None
 
