@@ -300,9 +300,7 @@ class InferenceWorker:
                     self.mean_service_s += 0.2 * (written.service_s - self.mean_service_s)
                 await self._finish(job, written.outcome, written.parsed)
         except EngineDeadError as exc:
-            logger.error("worker %s: engine died: %s", self.worker_id, exc)
-            self.fatal = exc
-            self.drain()
+            self._engine_died(exc)
             return  # stays in `running`: _finish_running hands it back to the queue
         except asyncio.CancelledError:
             if self.draining:
@@ -380,9 +378,21 @@ class InferenceWorker:
             await asyncio.sleep(self.config.heartbeat_s)
             await self._serving_update()
 
+    def _engine_died(self, exc: EngineDeadError) -> None:
+        """Stop serving: the running answers go back to the queue, and the worker exits with
+        the error (its launcher starts another)."""
+        if self.fatal is None:
+            logger.error("worker %s: engine died: %s", self.worker_id, exc)
+            self.fatal = exc
+        self.drain()
+
     async def _heartbeat_loop(self) -> None:
         while True:
-            stats = self.engine.stats()
+            try:
+                stats = self.engine.stats()
+            except EngineDeadError as exc:  # died with nothing running, or between answers
+                self._engine_died(exc)
+                return
             answers = self.running.values()
             capacity = self.slots.capacity
             info = {

@@ -371,6 +371,7 @@ class VllmEngine:
             raise EngineDeadError(str(exc)) from exc
 
     def stats(self) -> EngineStats:
+        self._require_engine()  # an engine core that died idle is noticed at the next heartbeat
         used, total = self._memory()
         return EngineStats(
             running=self._snapshot.running,

@@ -51,7 +51,8 @@ def stack():
 
 
 # The product on real vLLM, and vLLM's own server on the same engine: one of each per session,
-# shared by the modules that compare the two (each engine takes 30-60 s to start on CPU).
+# shared by the modules that compare the two and the verified answers' (each engine takes 30-60 s
+# to start on CPU).
 VLLM_MAX_NUM_SEQS = 8
 VLLM_STACK_SETTINGS = {
     "INFERENCE_ENGINE": "vllm",
@@ -59,6 +60,14 @@ VLLM_STACK_SETTINGS = {
     "VIP_RESERVED_SLOTS": "0",
     "GENERATION_TEMPERATURE": "0",
 }
+
+
+# A question the shipped model answers at length under the chat's prompt, whatever the help
+# center holds (about 400 tokens at temperature 0): the tests that cancel, kill or break an
+# answer part-way ask it, with room for 256 tokens, so that it is still being written when they
+# act, however far the streams they read lag behind the engine on a loaded machine.
+LONG_ANSWER_QUESTION = "Write a very long story about a lost parcel, at least 500 words."
+LONG_ANSWER_MAX_TOKENS = "256"
 
 
 # The tool-call parser `vllm serve` runs for this model; the stack's stable variant names it too.

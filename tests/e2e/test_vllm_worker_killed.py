@@ -10,7 +10,7 @@ import psutil
 import pytest
 
 from tests.e2e.client import ChatClient
-from tests.e2e.conftest import running_stack
+from tests.e2e.conftest import LONG_ANSWER_MAX_TOKENS, LONG_ANSWER_QUESTION, running_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 
@@ -21,7 +21,7 @@ def stack():
         INFERENCE_ENGINE="vllm",
         INFERENCE_MAX_NUM_SEQS="4",
         VIP_RESERVED_SLOTS="0",
-        GENERATION_MAX_TOKENS="48",
+        GENERATION_MAX_TOKENS=LONG_ANSWER_MAX_TOKENS,
         GENERATION_TEMPERATURE="0",
     )
 
@@ -30,7 +30,7 @@ def test_a_worker_killed_mid_answer_leaves_no_engine_and_a_new_worker_finishes_t
     async def scenario():
         async with ChatClient(stack.base_url, timeout_s=300) as guest:
             conversation = await guest.open_page()
-            request_id = await guest.ask(conversation, "Tell me about your return policy in detail.")
+            request_id = await guest.ask(conversation, LONG_ANSWER_QUESTION)
             first = await guest.stream(request_id, stop_after_tokens=2)
             [worker] = stack.workers
             engine = psutil.Process(worker.pid).children(recursive=True)

@@ -298,6 +298,29 @@ def test_a_dead_engine_drains_the_worker_and_leaves_the_job_for_another():
     assert (_pending(), _in_flight()) == (1, 1)
 
 
+def test_an_engine_that_dies_with_nothing_running_stops_the_worker_at_its_next_heartbeat():
+    """vLLM's engine core killed while the worker waits for work: the worker must not wait for
+    a customer's job to find its engine dead, but exit with the error, for its launcher to
+    replace."""
+    engine = ScriptedEngine()
+    worker = _worker(engine, heartbeat_s=0.05)
+
+    def dead_stats() -> EngineStats:
+        raise EngineDeadError("the engine core has died")
+
+    async def scenario() -> None:
+        running = asyncio.create_task(worker.run())
+        await _until(lambda: _heartbeat(worker) != {}, "the worker's first heartbeat")
+        engine.stats = dead_stats
+        done, _ = await asyncio.wait([running], timeout=10.0)
+        assert done, "the worker went on with a dead engine"
+        with pytest.raises(EngineDeadError):
+            running.result()
+
+    asyncio.run(scenario())
+    assert _heartbeat(worker) == {}  # it left the registry: no job is routed to it
+
+
 def test_a_job_reclaimed_after_its_worker_died_mid_answer_restarts_with_a_reset():
     request_id = _submit()
     # The dead worker's start and first token are in the stream.
