@@ -133,6 +133,11 @@ def main() -> None:
         "--rounds", type=int, default=3, help="overhead, peer, control: interleaved rounds; fairness: runs"
     )
     parser.add_argument("--conversations", type=int, default=12, help="affinity: conversations per mode")
+    parser.add_argument(
+        "--help-center",
+        action="store_true",
+        help="affinity: import the demo help center and ask its questions (prompts with excerpts)",
+    )
     parser.add_argument("--pairs", type=int, default=12, help="overhead: one-at-a-time pairs per round")
     parser.add_argument("--input-len", type=int, default=128, help="peer: the random dataset's prompt tokens")
     parser.add_argument("--output-len", type=int, default=64, help="peer: tokens per answer")
@@ -430,14 +435,16 @@ def main() -> None:
         png = plots.fairness(report, args.out / f"{name}.png")
         _print_fairness(report)
     elif args.scenario == "affinity":
-        report = affinity.affinity(runs=args.rounds, conversations=args.conversations)
+        report = affinity.affinity(
+            runs=args.rounds, conversations=args.conversations, help_center=args.help_center
+        )
         name, png = "affinity", None
         for n, run in enumerate(report["runs"], 1):
             for mode, phase in run.items():
                 later, every = phase["ttft_later_turns_s"], phase["ttft_all_turns_s"]
                 rate = phase["prefix_cache_hit_rate"]
                 print(
-                    f"run {n} {mode:<8} turns {phase['turns']:3}"
+                    f"run {n} {mode:<8} turns {phase['turns']:3} (declined {phase['declined_turns']})"
                     f"  TTFT of turns 2+ p50 {later['p50'] or 0:5.2f} s"
                     f" p99 {later['p99'] or 0:5.2f} s  every turn p99 {every['p99'] or 0:5.2f} s"
                     f"  prefix-cache hits {'-' if rate is None else f'{rate:.1%}'}"

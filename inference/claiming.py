@@ -96,16 +96,18 @@ class Claimer:
         if not jobs and room[Tier.NORMAL] == 0:
             # The free slots are VIP's reserve: a source under its share may still take one.
             jobs = await self._claim_over_share()
-        if not jobs and self._affinity_applies():
-            # A blocking read would take a new turn straight off the stream, whichever worker
-            # has its conversation: with another worker serving, look again soon instead.
-            await wait_for(self.stopped, BUSY_CLAIM_BLOCK_S)
-        elif not jobs:
-            tiers = [tier for tier, count in room.items() if count > 0]
-            # A blocking read cannot see a slot free: with answers under way it blocks briefly.
-            block_s = BUSY_CLAIM_BLOCK_S if self.slots.active() else 1.0
-            jobs = await self.queue.claim_blocking(tiers, timeout_s=block_s)
-        return jobs
+        if jobs:
+            return jobs
+        tiers = [tier for tier, count in room.items() if count > 0]
+        if self._affinity_applies():
+            # A blocking claim would take a new turn straight off the stream, whichever worker
+            # has its conversation: with another worker serving, wake when a job arrives and
+            # let the claim choose. A turn left to its worker is looked at again within this.
+            await self.queue.wait_for_arrival(tiers, timeout_s=BUSY_CLAIM_BLOCK_S)
+            return []
+        # A blocking read cannot see a slot free: with answers under way it blocks briefly.
+        block_s = BUSY_CLAIM_BLOCK_S if self.slots.active() else 1.0
+        return await self.queue.claim_blocking(tiers, timeout_s=block_s)
 
     def _affinity_applies(self) -> bool:
         """Whether a conversation's turn may be left to another worker (scheduler.queues)."""

@@ -569,6 +569,8 @@ class JobQueue:
         self._record_claim = async_script(client, _RECORD_CLAIM)
         self._recordings: set[asyncio.Future] = set()
         self._forget_dead_workers = async_script(client, _FORGET_DEAD_WORKERS)
+        # The last entry seen in each tier's queue by wait_for_arrival (absent: none yet).
+        self._seen: dict[str, str] = {}
 
     async def ensure_groups(self) -> None:
         for tier in keys.TIERS:
@@ -632,6 +634,21 @@ class JobQueue:
             Job.from_entry(self.model, keys.TIERS[int(index)], entry_id, fields)
             for index, entry_id, fields in reply
         ]
+
+    async def wait_for_arrival(self, tiers: list[str], timeout_s: float) -> bool:
+        """Wait, up to `timeout_s`, for a job to be added to one of `tiers` after the last one
+        this worker saw arrive, without claiming it: every worker wakes, and the claim decides
+        which one takes it (a conversation's turn goes to the worker that has its prefix).
+        Whether one arrived."""
+        for tier in tiers:
+            if tier not in self._seen:  # the first wait: from the newest entry now
+                newest = await self.client.xrevrange(keys.queue(self.model, tier), count=1)
+                self._seen[tier] = newest[0][0] if newest else "0-0"
+        streams = {keys.queue(self.model, tier): self._seen[tier] for tier in tiers}
+        reply = await self.client.xread(streams, count=100, block=max(1, int(timeout_s * 1000)))
+        for stream, entries in reply or []:
+            self._seen[stream.rsplit(":", 1)[1]] = entries[-1][0]
+        return bool(reply)
 
     async def claim_blocking(self, tiers: list[str], timeout_s: float) -> list[Job]:
         """Wait for the next job on any of `tiers`; used only when the worker is idle."""

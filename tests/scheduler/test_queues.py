@@ -319,3 +319,22 @@ def test_a_draining_or_dead_worker_loses_its_conversations_at_once(settings):
     assert _claimed_by("w2") == ["conversation-a-2"]
     _serving(w1=time.time() - 60)  # back, but its heartbeat stopped a minute ago: dead
     assert _claimed_by("w3") == ["conversation-b-2"]
+
+
+def test_a_worker_waiting_beside_others_wakes_when_a_turn_arrives_and_leaves_it_to_the_claim():
+    """With another worker serving, a worker does not take a turn off the stream (its
+    conversation's worker may be the other): it waits for one to arrive, and then claims."""
+
+    async def body(queue):
+        waiting = asyncio.create_task(queue.wait_for_arrival(["normal"], timeout_s=4))
+        # The turn arrives once the read blocks.
+        deadline = time.monotonic() + 10
+        while not any(client["cmd"] == "xread" for client in sync_redis().client_list()):
+            assert time.monotonic() < deadline, "the read never blocked"
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(_turn, "turn-1", "conversation-a")
+        assert await waiting, "it timed out before the turn woke it"
+        left = sync_redis().xpending(keys.queue(MODEL, "normal"), keys.CONSUMER_GROUP)["pending"]
+        return left, [job.request_id for job in await queue.claim(total=1, per_tier={"normal": 1})]
+
+    assert _with_queue("w1", body) == (0, ["turn-1"])
