@@ -12,9 +12,12 @@ import logging
 import os
 import platform
 import resource
+import signal
 import sys
 import time
 from pathlib import Path
+
+from launcher.process import interrupt_on
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -103,6 +106,8 @@ def _seconds(value: float | None) -> str:
 
 
 def main() -> None:
+    # `kill` stops a benchmark as Ctrl-C does: the stacks it started stop with it.
+    interrupt_on(signal.SIGTERM, signal.SIGHUP)
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     parser.add_argument(
         "scenario",

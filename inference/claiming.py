@@ -28,9 +28,11 @@ logger = logging.getLogger(__name__)
 # With every slot busy, how often the worker looks for a VIP job to preempt for: the longest a
 # VIP job waits before it starts. A non-blocking claim, so a slot that frees is reused at once.
 VIP_PREEMPT_POLL_S = 0.05
-# With answers under way, how long a claim that found nothing blocks for a new job before it
-# looks again: a slot that frees meanwhile is filled within this (an idle worker blocks 1 s).
-BUSY_CLAIM_BLOCK_S = 0.05
+# How long a claim that found nothing waits for a new job before it looks again: with answers
+# under way, a slot that frees meanwhile is filled within this; beside another serving worker,
+# a turn left to its conversation's worker is looked at again within this. (Alone and idle, a
+# worker blocks 1 s.)
+CLAIM_LOOK_AGAIN_S = 0.05
 
 
 class Claimer:
@@ -103,10 +105,10 @@ class Claimer:
             # A blocking claim would take a new turn straight off the stream, whichever worker
             # has its conversation: with another worker serving, wake when a job arrives and
             # let the claim choose. A turn left to its worker is looked at again within this.
-            await self.queue.wait_for_arrival(tiers, timeout_s=BUSY_CLAIM_BLOCK_S)
+            await self.queue.wait_for_arrival(tiers, timeout_s=CLAIM_LOOK_AGAIN_S)
             return []
         # A blocking read cannot see a slot free: with answers under way it blocks briefly.
-        block_s = BUSY_CLAIM_BLOCK_S if self.slots.active() else 1.0
+        block_s = CLAIM_LOOK_AGAIN_S if self.slots.active() else 1.0
         return await self.queue.claim_blocking(tiers, timeout_s=block_s)
 
     def _affinity_applies(self) -> bool:

@@ -161,6 +161,17 @@ class Process:
         return returncode
 
 
+def interrupt_on(*signums: int) -> None:
+    """Make each signal stop this program as Ctrl-C does (KeyboardInterrupt), so that what it
+    started is stopped on the way out rather than left running without its owner."""
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    for signum in signums:
+        signal.signal(signum, interrupt)
+
+
 def stop_in_order(processes: Iterable[Process]) -> None:
     """Stop each process in turn, each within its bounded wait. An interrupt meanwhile (a
     second Ctrl-C, a SIGTERM from a supervisor) kills the rest at once rather than leaving

@@ -569,7 +569,8 @@ class JobQueue:
         self._record_claim = async_script(client, _RECORD_CLAIM)
         self._recordings: set[asyncio.Future] = set()
         self._forget_dead_workers = async_script(client, _FORGET_DEAD_WORKERS)
-        # The last entry seen in each tier's queue by wait_for_arrival (absent: none yet).
+        # The last entry seen in each tier's queue by wait_for_arrival (absent: none since the
+        # last claim that took jobs).
         self._seen: dict[str, str] = {}
 
     async def ensure_groups(self) -> None:
@@ -630,6 +631,10 @@ class JobQueue:
                 settings.FAIR_SHARE_SOURCES_KEPT,
             ],
         )
+        if reply:
+            # Busy for a while now: the next wait starts from the newest entry then, not from
+            # every entry that arrives meanwhile.
+            self._seen.clear()
         return [
             Job.from_entry(self.model, keys.TIERS[int(index)], entry_id, fields)
             for index, entry_id, fields in reply
@@ -639,13 +644,16 @@ class JobQueue:
         """Wait, up to `timeout_s`, for a job to be added to one of `tiers` after the last one
         this worker saw arrive, without claiming it: every worker wakes, and the claim decides
         which one takes it (a conversation's turn goes to the worker that has its prefix).
-        Whether one arrived."""
+        Whether one arrived. The first wait after a claim that took jobs starts from the newest
+        entry then: one that arrived between the empty claim before it and that read waits for
+        the next look (`timeout_s`), as every arrival did before this wait existed."""
         for tier in tiers:
-            if tier not in self._seen:  # the first wait: from the newest entry now
+            if tier not in self._seen:
                 newest = await self.client.xrevrange(keys.queue(self.model, tier), count=1)
                 self._seen[tier] = newest[0][0] if newest else "0-0"
         streams = {keys.queue(self.model, tier): self._seen[tier] for tier in tiers}
-        reply = await self.client.xread(streams, count=100, block=max(1, int(timeout_s * 1000)))
+        # One entry is enough to wake: the claim that follows takes every job it may.
+        reply = await self.client.xread(streams, count=1, block=max(1, int(timeout_s * 1000)))
         for stream, entries in reply or []:
             self._seen[stream.rsplit(":", 1)[1]] = entries[-1][0]
         return bool(reply)

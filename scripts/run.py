@@ -23,7 +23,15 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the launcher package lives beside scripts/
 
 from launcher.nginx import Nginx  # noqa: E402
-from launcher.process import Place, Prefixed, Process, port_open, stop_in_order, wait_for_port  # noqa: E402
+from launcher.process import (  # noqa: E402
+    Place,
+    Prefixed,
+    Process,
+    interrupt_on,
+    port_open,
+    stop_in_order,
+    wait_for_port,
+)
 from launcher.redis import RedisServer  # noqa: E402
 from launcher.stack import WORKER_STOP_TIMEOUT_S, celery_command, web_command, worker_command  # noqa: E402
 
@@ -103,13 +111,8 @@ def private_redis(env: dict[str, str]) -> Process | None:
     return redis.process
 
 
-def interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
-
-
 def main() -> None:
-    for signum in (signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, interrupt)
+    interrupt_on(signal.SIGTERM, signal.SIGHUP)
     VAR.mkdir(exist_ok=True)
     env = dict(os.environ)
     env.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")

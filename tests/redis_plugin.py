@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from launcher.process import interrupt_on
 from launcher.redis import RedisServer
 
 _server: RedisServer | None = None
@@ -21,7 +22,7 @@ def pytest_load_initial_conftests(early_config, parser, args):
     global _server
     # `kill` (SIGTERM) stops the run as Ctrl-C does: fixtures stop their stacks, and
     # pytest_unconfigure this server, instead of leaving them running without their owner.
-    signal.signal(signal.SIGTERM, _interrupted)
+    interrupt_on(signal.SIGTERM)
     try:
         _server = RedisServer(Path(tempfile.mkdtemp(prefix="test-redis-")))
     except RuntimeError as exc:  # no redis-server: every test needs it, one line says so
@@ -37,10 +38,6 @@ def pytest_load_initial_conftests(early_config, parser, args):
     # Settings refuse to start without a secret key; the processes tests start inherit this one.
     os.environ.setdefault("DJANGO_SECRET_KEY", "tests-only-secret-key-never-used-outside-the-test-suite")
     return (yield)
-
-
-def _interrupted(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def pytest_unconfigure(config):

@@ -25,6 +25,8 @@ def test_a_verified_answer_from_real_vllm_shows_only_what_the_help_center_says(v
     from knowledge.facts import unsupported_facts
     from tests.knowledge.conftest import DEMO_HELP_CENTER
 
+    # Changes the session's shared stack for good: the module that shares it with this one
+    # (test_vllm_serve_differential.py) calls the API, which answers without the help center.
     imported = vllm_stack.manage("import_articles", str(DEMO_HELP_CENTER))
     assert imported.returncode == 0, imported.stderr
     styled = vllm_stack.manage(

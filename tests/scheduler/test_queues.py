@@ -338,3 +338,12 @@ def test_a_worker_waiting_beside_others_wakes_when_a_turn_arrives_and_leaves_it_
         return left, [job.request_id for job in await queue.claim(total=1, per_tier={"normal": 1})]
 
     assert _with_queue("w1", body) == (0, ["turn-1"])
+
+
+def test_a_turn_that_arrives_between_two_waits_wakes_the_second_at_once():
+    async def body(queue):
+        assert not await queue.wait_for_arrival(["normal"], timeout_s=0.05)  # nothing yet
+        await asyncio.to_thread(_turn, "turn-1", "conversation-a")
+        return await queue.wait_for_arrival(["normal"], timeout_s=4)
+
+    assert _with_queue("w1", body), "the turn that arrived between the waits was missed"
