@@ -1,6 +1,6 @@
 """Conversation affinity with two real vLLM workers: customers holding conversations of 4 to 6
 turns, with a turn left briefly to the worker that answered the conversation's previous one
-(AFFINITY_WAIT_S) and without (0); TTFT of the later turns and the workers' prefix-cache hit
+(AFFINITY_WAIT_S=0.25) and without (0, as shipped); TTFT of the later turns and the workers' prefix-cache hit
 rate, read from their heartbeats (vLLM's own counts). With `help_center`, the demo help center
 is imported and the customers ask the tuning set's English questions, so that each turn's
 prompt carries the excerpts found for it, as the chat's do; only the turns a model answered
