@@ -447,12 +447,14 @@ def main() -> None:
         for n, run in enumerate(report["runs"], 1):
             for mode, phase in run.items():
                 later, every = phase["ttft_later_turns_s"], phase["ttft_all_turns_s"]
+                queued = phase["queued_later_turns_s"]
                 rate = phase["prefix_cache_hit_rate"]
                 print(
                     f"run {n} {mode:<8} turns {phase['turns']:3} (declined {phase['declined_turns']})"
                     f"  TTFT of turns 2+ p50 {later['p50'] or 0:5.2f} s"
                     f" p99 {later['p99'] or 0:5.2f} s  every turn p99 {every['p99'] or 0:5.2f} s"
                     f"  prefix-cache hits {'-' if rate is None else f'{rate:.1%}'}"
+                    f"  queued (turns 2+) p50 {queued['p50'] or 0:5.2f} s p99 {queued['p99'] or 0:5.2f} s"
                 )
     elif args.scenario == "peer":
         report = peer.peer(

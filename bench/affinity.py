@@ -1,6 +1,6 @@
 """Conversation affinity with two real vLLM workers: customers holding conversations of 4 to 6
 turns, with a turn left briefly to the worker that answered the conversation's previous one
-(AFFINITY_WAIT_S=0.25) and without (0, as shipped); TTFT of the later turns and the workers' prefix-cache hit
+(AFFINITY_WAIT_S=0.25, as shipped) and without (0); TTFT of the later turns and the workers' prefix-cache hit
 rate, read from their heartbeats (vLLM's own counts). With `help_center`, the demo help center
 is imported and the customers ask the tuning set's English questions, so that each turn's
 prompt carries the excerpts found for it, as the chat's do; only the turns a model answered
@@ -69,7 +69,11 @@ async def _prefix_cache(redis_url: str) -> tuple[int, int]:
 
 
 async def _customer(
-    base_url: str, asked: list[str], ttfts: list[tuple[int, float]], declined: list[int]
+    base_url: str,
+    asked: list[str],
+    ttfts: list[tuple[int, float]],
+    declined: list[int],
+    queued: list[tuple[int, float]],
 ) -> None:
     session = Session(base_url)
     try:
@@ -84,6 +88,8 @@ async def _customer(
                 declined.append(turn)  # written without a model: no engine to time
             elif trace.token_times:
                 ttfts.append((turn, trace.token_times[0] - sent))
+                if trace.queue_s is not None:  # the worker's count: enqueued until claimed
+                    queued.append((turn, trace.queue_s))
             await asyncio.sleep(THINK_S)
     finally:
         session.close()
@@ -99,13 +105,14 @@ async def _phase(
     else:
         asked = [[question(n + turn) for turn in range(count)] for n, count in enumerate(turns)]
     declined: list[int] = []
+    queued: list[tuple[int, float]] = []
     ttfts: list[tuple[int, float]] = []
     queries_before, hits_before = await _prefix_cache(redis_url)
     pending = list(asked)
     running_now: set[asyncio.Task] = set()
     while pending or running_now:
         while pending and len(running_now) < CUSTOMERS:
-            running_now.add(asyncio.create_task(_customer(base_url, pending.pop(0), ttfts, declined)))
+            running_now.add(asyncio.create_task(_customer(base_url, pending.pop(0), ttfts, declined, queued)))
         done, running_now = await asyncio.wait(running_now, return_when=asyncio.FIRST_COMPLETED)
         for task in done:
             task.result()
@@ -117,6 +124,7 @@ async def _phase(
         "declined_turns": len(declined),
         "ttft_later_turns_s": distribution([s for turn, s in ttfts if turn >= 1]),
         "ttft_all_turns_s": distribution([s for _, s in ttfts]),
+        "queued_later_turns_s": distribution([s for turn, s in queued if turn >= 1]),
         "prefix_cache_queries": queries,
         "prefix_cache_hit_rate": (hits_after - hits_before) / queries if queries else None,
     }

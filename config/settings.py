@@ -427,11 +427,11 @@ FAIR_SHARE_PREEMPTION = env_bool("FAIR_SHARE_PREEMPTION", True)
 FAIR_SHARE_PREEMPT_AFTER_S = env_float("FAIR_SHARE_PREEMPT_AFTER_S", 1.0)
 # With several workers for a model, a conversation's next turn is left this long for the worker
 # that answered its previous one (its prefix cache holds the conversation) before any worker
-# takes it; 0: no affinity. A worker that drains or stops heartbeating loses it at once. Off by
-# default: with two CPU workers of the shipped model it lowered no turn's TTFT and raised the
-# tail (docs/BENCHMARKS.md, section 16); where prefill is dear (a larger model, more workers),
-# measure `python -m bench affinity` with 0.25 or so.
-AFFINITY_WAIT_S = env_float("AFFINITY_WAIT_S", 0.0)
+# takes it; 0: no affinity. A worker that drains or stops heartbeating loses it at once. With
+# two CPU workers of the shipped model a turn waited 0.03 s at most by the p99 for it, and its
+# TTFT was neither lower nor higher than without (docs/BENCHMARKS.md, section 16): it is for
+# where a prefill is dear (a larger model, more workers), not measured here.
+AFFINITY_WAIT_S = env_float("AFFINITY_WAIT_S", 0.25)
 # How long a conversation remembers the worker of its latest turn.
 AFFINITY_TTL_S = env_int("AFFINITY_TTL_S", 3600)
 # A normal request waiting longer than this is claimed before VIP ones (no starvation).
