@@ -428,7 +428,7 @@ FAIR_SHARE_PREEMPT_AFTER_S = env_float("FAIR_SHARE_PREEMPT_AFTER_S", 1.0)
 # With several workers for a model, a conversation's next turn is left this long for the worker
 # that answered its previous one (its prefix cache holds the conversation) before any worker
 # takes it; 0: no affinity. A worker that drains or stops heartbeating loses it at once. With
-# two CPU workers of the shipped model a turn waited 0.03 s at most by the p99 for it, and its
+# two CPU workers of the shipped model a turn waited 0.07 s at most by the p99 for it, and its
 # TTFT was neither lower nor higher than without (docs/BENCHMARKS.md, section 16): it is for
 # where a prefill is dear (a larger model, more workers), not measured here.
 AFFINITY_WAIT_S = env_float("AFFINITY_WAIT_S", 0.25)
