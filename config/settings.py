@@ -286,6 +286,10 @@ ASSISTANT_RESOLVED_WINDOW_S = env_float("ASSISTANT_RESOLVED_WINDOW_S", 86400.0)
 HANDOFF_MEASURES_WINDOW_S = env_float("HANDOFF_MEASURES_WINDOW_S", 7 * 86400.0)
 
 # --- knowledge (the help center the answers come from) ----------------------------------
+# Help-center text embedded before, kept on disk by model and text (knowledge.embedding): a new
+# database, another process or an article imported again embeds only what it has not seen.
+# Empty: none kept (every import embeds everything again).
+EMBEDDING_STORE_PATH = env_str("EMBEDDING_STORE_PATH", str(VAR_DIR / "embeddings.sqlite3"))
 # Cosine similarity (multilingual e5) a passage needs to count as relevant to a question: the
 # floor of a model's excerpts, and what an article edit checks cached answers against. e5
 # scores a question against an unrelated shop passage about 0.78-0.80, a related one 0.83-0.90.

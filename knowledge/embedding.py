@@ -5,7 +5,8 @@ any of them, with numpy and no torch, in about 25 ms a question on one core.
 The package is a third party's repackaging of an upstream model (MIT), so the weights and the
 engine are checked against the hashes below before they are loaded: a different file is
 refused, not run. e5 embeds a query and a passage differently ("query: ", "passage: "):
-questions go through `embed_queries`, help-center text through `embed_passages`.
+questions go through `embed_queries`, help-center text through `embed_passages`. Help-center
+text is embedded once: its vectors are kept on disk (`PassageStore`, EMBEDDING_STORE_PATH).
 
 Chosen against all-MiniLM-L6-v2 (English only, the earlier model) and the Universal Sentence
 Encoder (multilingual v3) on the tuning questions (docs/BENCHMARKS.md, "Grounded answers").
@@ -13,14 +14,19 @@ Encoder (multilingual v3) on the tuning questions (docs/BENCHMARKS.md, "Grounded
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
+import logging
 import os
+import sqlite3
 import threading
-from collections import OrderedDict
 from pathlib import Path
 
 import numpy as np
+from django.conf import settings
+
+logger = logging.getLogger(__name__)
 
 EMBEDDING_DIM = 384
 # What the stored embeddings are comparable with: another model's need making again.
@@ -35,9 +41,6 @@ FILE_SHA256 = {
         "7506c516bb973b8a4ae6328f7403147905f5d700c200f68e75b712f2a97d9511"
     ),
 }
-
-
-PASSAGES_KEPT = 20_000  # about 30 MB of vectors
 
 
 class EmbedderUnavailable(RuntimeError):
@@ -66,11 +69,76 @@ def embedder_problem() -> str | None:
     return None
 
 
+class PassageStore:
+    """Help-center text embedded before, on disk (one SQLite file), by the sha256 of the model
+    and the text: an article edited, imported again or imported into a new database (a fresh
+    `make run`, a test's stack) embeds only the text not seen before, whichever process embedded
+    it. A cache, not a record: a store that cannot be read or written is left out (the text is
+    embedded again), never a reason for an import to fail."""
+
+    ROWS_PER_QUERY = 500  # under SQLite's limit on a statement's parameters
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._usable = True
+
+    @staticmethod
+    def key(text: str) -> bytes:
+        return hashlib.sha256(f"{EMBEDDING_MODEL}\npassage: {text}".encode()).digest()
+
+    def _connect(self) -> sqlite3.Connection:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        connection.execute("PRAGMA journal_mode=WAL")
+        connection.execute(
+            "CREATE TABLE IF NOT EXISTS passage (key BLOB PRIMARY KEY, vector BLOB NOT NULL) WITHOUT ROWID"
+        )
+        return connection
+
+    def _left_out(self, exc: Exception) -> None:
+        if self._usable:
+            logger.warning("Embedding store %s left out, embedding again: %s", self.path, exc)
+        self._usable = False
+
+    def get(self, texts: list[str]) -> dict[str, np.ndarray]:
+        """The stored vectors of those of `texts` embedded before."""
+        if not self._usable or not texts:
+            return {}
+        by_key = {self.key(text): text for text in texts}
+        keys = list(by_key)
+        found: dict[str, np.ndarray] = {}
+        try:
+            with contextlib.closing(self._connect()) as connection:
+                for start in range(0, len(keys), self.ROWS_PER_QUERY):
+                    batch = keys[start : start + self.ROWS_PER_QUERY]
+                    marks = ",".join("?" * len(batch))
+                    query = f"SELECT key, vector FROM passage WHERE key IN ({marks})"
+                    for key, vector in connection.execute(query, batch):
+                        if len(vector) == EMBEDDING_DIM * 4:
+                            found[by_key[key]] = np.frombuffer(vector, dtype="<f4")
+        except (sqlite3.Error, OSError) as exc:
+            self._left_out(exc)
+            return {}
+        return found
+
+    def put(self, vectors: dict[str, np.ndarray]) -> None:
+        if not self._usable or not vectors:
+            return
+        rows = [(self.key(text), vector.astype("<f4").tobytes()) for text, vector in vectors.items()]
+        try:
+            with contextlib.closing(self._connect()) as connection:
+                connection.execute("BEGIN IMMEDIATE")
+                connection.executemany("INSERT OR IGNORE INTO passage (key, vector) VALUES (?, ?)", rows)
+                connection.execute("COMMIT")
+        except (sqlite3.Error, OSError) as exc:
+            self._left_out(exc)
+
+
 class Embedder:
     """Text -> unit-length float32 vectors. One call at a time: the engine keeps its buffers in
     the model, so calls from several threads take turns."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: PassageStore | None = None) -> None:
         problem = embedder_problem()
         if problem is not None:
             raise EmbedderUnavailable(f"The help center's embedding model cannot load: {problem}")
@@ -81,9 +149,7 @@ class Embedder:
 
         self._model = E5(num_threads=int(os.environ["OMP_NUM_THREADS"]))
         self._lock = threading.RLock()
-        # Help-center text embedded before, by text: an article edited or imported again
-        # re-embeds only the sentences that changed.
-        self._passages: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._store = store
 
     def _embed(self, texts: list[str], *, query: bool) -> np.ndarray:
         if not texts:
@@ -98,16 +164,12 @@ class Embedder:
     def passages(self, texts: list[str]) -> np.ndarray:
         if not texts:
             return np.zeros((0, EMBEDDING_DIM), dtype=np.float32)
-        with self._lock:
-            missing = list(dict.fromkeys(text for text in texts if text not in self._passages))
-            for text, vector in zip(missing, self._embed(missing, query=False), strict=True):
-                self._passages[text] = vector
-            for text in texts:
-                self._passages.move_to_end(text)
-            vectors = np.stack([self._passages[text] for text in texts])
-            while len(self._passages) > PASSAGES_KEPT:
-                self._passages.popitem(last=False)
-        return vectors
+        known = self._store.get(texts) if self._store is not None else {}
+        missing = [text for text in dict.fromkeys(texts) if text not in known]
+        made = dict(zip(missing, self._embed(missing, query=False), strict=True))
+        if self._store is not None:
+            self._store.put(made)
+        return np.stack([known[text] if text in known else made[text] for text in texts])
 
 
 _embedder: Embedder | None = None
@@ -120,7 +182,8 @@ def embedder() -> Embedder:
     if _embedder is None:
         with _embedder_lock:
             if _embedder is None:
-                _embedder = Embedder()
+                path = settings.EMBEDDING_STORE_PATH
+                _embedder = Embedder(PassageStore(Path(path)) if path else None)
     return _embedder
 
 

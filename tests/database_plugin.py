@@ -8,11 +8,16 @@ Every test that reaches a database gets the marker `database`: those that ask fo
 database (pytest-django's marker or fixtures) and the end-to-end tests; a test that reaches one
 of its own says so with the marker. The others cannot tell SQLite from PostgreSQL (pytest-django
 refuses them the database), so `make test` runs only these on PostgreSQL.
+
+The help center's embedding store (knowledge.embedding.PassageStore, a cache beside the
+database) is the run's own too, shared by the suite's process and every stack it starts: the
+demo help center is embedded once a run, not once a stack.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -21,6 +26,7 @@ import pytest
 from launcher.postgres import PostgresServer
 
 _postgres: PostgresServer | None = None
+_embedding_store = Path(tempfile.mkdtemp(prefix="test-embeddings-"))
 
 # pytest-django's fixtures that open Django's test database to a test.
 _DATABASE_FIXTURES = {
@@ -44,6 +50,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     global _postgres
+    os.environ["EMBEDDING_STORE_PATH"] = str(_embedding_store / "embeddings.sqlite3")
     if early_config.known_args_namespace.database == "postgres":
         try:
             _postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="test-postgres-")))
@@ -81,6 +88,7 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_unconfigure(config):
     if _postgres is not None:
         _postgres.stop()
+    shutil.rmtree(_embedding_store, ignore_errors=True)
 
 
 def postgres_server() -> PostgresServer | None:

@@ -62,3 +62,23 @@ def test_a_question_in_any_of_the_four_languages_finds_the_english_passage_that_
 def test_model_files_other_than_the_pinned_ones_are_refused_before_they_load(monkeypatch):
     monkeypatch.setitem(embedding.FILE_SHA256, embedding.MODEL_FILE, "0" * 64)
     assert "is not the file pinned" in embedding.embedder_problem()
+
+
+def test_text_embedded_once_is_read_back_by_another_embedder_without_the_model(tmp_path):
+    store = embedding.PassageStore(tmp_path / "embeddings.sqlite3")
+    texts = ["Returns are accepted within 30 days.", "Shipping costs $5.95."]
+    first = embedding.Embedder(store).passages(texts)
+
+    again = embedding.Embedder(embedding.PassageStore(store.path))
+    again._model = None  # any text not in the store would fail here
+    assert np.array_equal(again.passages([texts[1], texts[0], texts[1]]), first[[1, 0, 1]])
+
+
+def test_an_unusable_store_is_left_out_and_every_text_is_embedded(tmp_path, caplog):
+    (tmp_path / "a-file").write_text("not a folder")
+    unusable = embedding.PassageStore(tmp_path / "a-file" / "embeddings.sqlite3")
+
+    vectors = embedding.Embedder(unusable).passages(["Returns are accepted within 30 days."])
+
+    assert vectors.shape == (1, embedding.EMBEDDING_DIM)
+    assert "left out, embedding again" in caplog.text
