@@ -74,7 +74,7 @@ test: install-vllm var/secret_key
 		--exclude-tag vllm --exclude-tag browser --exclude-tag multihost || status=1; \
 	exit $$status
 
-# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak|peer|...` (docs/BENCHMARKS.md).
+# Benchmarks: `make bench SCENARIO=overhead|fanout|batching|idle|scheduling|soak|peer|fairness|affinity|...` (docs/BENCHMARKS.md).
 bench: install-vllm model var/secret_key
 	$(BIN)/python -m bench $(SCENARIO)
 
