@@ -73,14 +73,17 @@ class PassageStore:
     """Help-center text embedded before, on disk (one SQLite file), by the sha256 of the model
     and the text: an article edited, imported again or imported into a new database (a fresh
     `make run`, a test's stack) embeds only the text not seen before, whichever process embedded
-    it. A cache, not a record: a store that cannot be read or written is left out (the text is
-    embedded again), never a reason for an import to fail."""
+    it. A cache, not a record: a call that cannot read or write it (a locked, unwritable or
+    damaged file) embeds what it lacks and goes on, never failing an import for it; deleting the
+    file is always safe. It keeps every text it was given (about 5 KB each), so it grows with
+    every version of every article ever embedded."""
 
     ROWS_PER_QUERY = 500  # under SQLite's limit on a statement's parameters
+    BUSY_TIMEOUT_S = 5.0  # another process writing: wait this long, then embed instead
 
     def __init__(self, path: Path) -> None:
         self.path = path
-        self._usable = True
+        self._warned = False
 
     @staticmethod
     def key(text: str) -> bytes:
@@ -88,21 +91,24 @@ class PassageStore:
 
     def _connect(self) -> sqlite3.Connection:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        connection = sqlite3.connect(self.path, timeout=30, isolation_level=None)
+        connection = sqlite3.connect(self.path, timeout=self.BUSY_TIMEOUT_S, isolation_level=None)
         connection.execute("PRAGMA journal_mode=WAL")
         connection.execute(
             "CREATE TABLE IF NOT EXISTS passage (key BLOB PRIMARY KEY, vector BLOB NOT NULL) WITHOUT ROWID"
         )
         return connection
 
-    def _left_out(self, exc: Exception) -> None:
-        if self._usable:
-            logger.warning("Embedding store %s left out, embedding again: %s", self.path, exc)
-        self._usable = False
+    def _passed_over(self, exc: Exception) -> None:
+        """Said once a process; the next call tries the store again."""
+        if not self._warned:
+            self._warned = True
+            logger.warning(
+                "Embedding store %s passed over, embedding instead (deleting it is safe): %s", self.path, exc
+            )
 
     def get(self, texts: list[str]) -> dict[str, np.ndarray]:
         """The stored vectors of those of `texts` embedded before."""
-        if not self._usable or not texts:
+        if not texts:
             return {}
         by_key = {self.key(text): text for text in texts}
         keys = list(by_key)
@@ -114,24 +120,25 @@ class PassageStore:
                     marks = ",".join("?" * len(batch))
                     query = f"SELECT key, vector FROM passage WHERE key IN ({marks})"
                     for key, vector in connection.execute(query, batch):
-                        if len(vector) == EMBEDDING_DIM * 4:
+                        if len(vector) == EMBEDDING_DIM * 4:  # another length is embedded again
                             found[by_key[key]] = np.frombuffer(vector, dtype="<f4")
         except (sqlite3.Error, OSError) as exc:
-            self._left_out(exc)
+            self._passed_over(exc)
             return {}
         return found
 
     def put(self, vectors: dict[str, np.ndarray]) -> None:
-        if not self._usable or not vectors:
+        if not vectors:
             return
         rows = [(self.key(text), vector.astype("<f4").tobytes()) for text, vector in vectors.items()]
         try:
             with contextlib.closing(self._connect()) as connection:
                 connection.execute("BEGIN IMMEDIATE")
-                connection.executemany("INSERT OR IGNORE INTO passage (key, vector) VALUES (?, ?)", rows)
+                # REPLACE: a row that could not be read (`get`) is written again.
+                connection.executemany("INSERT OR REPLACE INTO passage (key, vector) VALUES (?, ?)", rows)
                 connection.execute("COMMIT")
         except (sqlite3.Error, OSError) as exc:
-            self._left_out(exc)
+            self._passed_over(exc)
 
 
 class Embedder:

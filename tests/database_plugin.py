@@ -11,7 +11,8 @@ refuses them the database), so `make test` runs only these on PostgreSQL.
 
 The help center's embedding store (knowledge.embedding.PassageStore, a cache beside the
 database) is the run's own too, shared by the suite's process and every stack it starts: the
-demo help center is embedded once a run, not once a stack.
+demo help center is embedded once a run, not once a stack (unless EMBEDDING_STORE_PATH names
+another: an empty one runs without a store).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     global _postgres
-    os.environ["EMBEDDING_STORE_PATH"] = str(_embedding_store / "embeddings.sqlite3")
+    os.environ.setdefault("EMBEDDING_STORE_PATH", str(_embedding_store / "embeddings.sqlite3"))
     if early_config.known_args_namespace.database == "postgres":
         try:
             _postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="test-postgres-")))

@@ -1,7 +1,9 @@
 """The help center's embedding model: multilingual, checked before it loads, and light enough
 for every web process (no torch)."""
 
+import contextlib
 import os
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -64,21 +66,69 @@ def test_model_files_other_than_the_pinned_ones_are_refused_before_they_load(mon
     assert "is not the file pinned" in embedding.embedder_problem()
 
 
-def test_text_embedded_once_is_read_back_by_another_embedder_without_the_model(tmp_path):
-    store = embedding.PassageStore(tmp_path / "embeddings.sqlite3")
-    texts = ["Returns are accepted within 30 days.", "Shipping costs $5.95."]
-    first = embedding.Embedder(store).passages(texts)
+class _CountingModel:
+    """The embedder's model, noting the passages it is asked to embed."""
 
-    again = embedding.Embedder(embedding.PassageStore(store.path))
-    again._model = None  # any text not in the store would fail here
-    assert np.array_equal(again.passages([texts[1], texts[0], texts[1]]), first[[1, 0, 1]])
+    def __init__(self, model) -> None:
+        self.model = model
+        self.asked: list[str] = []
+
+    def passage(self, texts: list[str]):
+        self.asked += texts
+        return self.model.passage(texts)
 
 
-def test_an_unusable_store_is_left_out_and_every_text_is_embedded(tmp_path, caplog):
+def _embedded_by_model(embedder: embedding.Embedder) -> list[str]:
+    """The texts `embedder`'s model is asked to embed from now on."""
+    embedder._model = _CountingModel(embedder._model)
+    return embedder._model.asked
+
+
+def test_text_embedded_once_is_read_back_by_another_embedder_and_only_new_text_is_embedded(tmp_path):
+    store_path = tmp_path / "embeddings.sqlite3"
+    returns, shipping, new = (
+        "Returns are accepted within 30 days.",
+        "Shipping costs $5.95.",
+        "We ship to Canada.",
+    )
+    embedding.Embedder(embedding.PassageStore(store_path)).passages([returns, shipping])
+
+    again = embedding.Embedder(embedding.PassageStore(store_path))
+    asked = _embedded_by_model(again)
+    vectors = again.passages([shipping, new, returns, shipping])
+
+    assert asked == [new]
+    alone = embedding.Embedder().passages([shipping, new, returns, shipping])
+    assert np.allclose(vectors, alone, atol=1e-5)
+
+
+def test_a_store_that_cannot_be_opened_or_is_damaged_is_passed_over_and_every_text_embedded(tmp_path, caplog):
     (tmp_path / "a-file").write_text("not a folder")
-    unusable = embedding.PassageStore(tmp_path / "a-file" / "embeddings.sqlite3")
+    damaged = tmp_path / "damaged.sqlite3"
+    damaged.write_bytes(b"not a database" * 100)
+    texts = ["Returns are accepted within 30 days.", "Shipping costs $5.95."]
+    alone = embedding.Embedder().passages(texts)
 
-    vectors = embedding.Embedder(unusable).passages(["Returns are accepted within 30 days."])
+    for path in (tmp_path / "a-file" / "embeddings.sqlite3", damaged):
+        vectors = embedding.Embedder(embedding.PassageStore(path)).passages(texts)
+        assert np.allclose(vectors, alone, atol=1e-5)
+    assert caplog.text.count("passed over, embedding instead") == 2
 
-    assert vectors.shape == (1, embedding.EMBEDDING_DIM)
-    assert "left out, embedding again" in caplog.text
+
+def test_a_locked_store_is_passed_over_for_that_call_only(tmp_path, monkeypatch):
+    store = embedding.PassageStore(tmp_path / "embeddings.sqlite3")
+    monkeypatch.setattr(embedding.PassageStore, "BUSY_TIMEOUT_S", 0.1)
+    embedder = embedding.Embedder(store)
+    asked = _embedded_by_model(embedder)
+    with contextlib.closing(sqlite3.connect(store.path, isolation_level=None)) as other_process:
+        other_process.execute(
+            "CREATE TABLE IF NOT EXISTS passage (key BLOB PRIMARY KEY, vector BLOB NOT NULL)"
+        )
+        other_process.execute("BEGIN EXCLUSIVE")
+        embedder.passages(["Returns are accepted within 30 days."])  # neither read nor written
+        other_process.execute("COMMIT")
+
+    embedder.passages(["Returns are accepted within 30 days."])  # written now
+    embedder.passages(["Returns are accepted within 30 days."])  # and read back
+
+    assert asked == ["Returns are accepted within 30 days."] * 2
