@@ -327,9 +327,10 @@ def test_a_worker_waiting_beside_others_wakes_when_a_turn_arrives_and_leaves_it_
 
     async def body(queue):
         waiting = asyncio.create_task(queue.wait_for_arrival(["normal"], timeout_s=4))
-        # The turn arrives once the read blocks.
+        # The turn arrives once the read blocks (flag `b`: an earlier test's connection that
+        # read last shows `xread` too, and a turn sent before the wait starts is not an arrival).
         deadline = time.monotonic() + 10
-        while not any(client["cmd"] == "xread" for client in sync_redis().client_list()):
+        while not any(c["cmd"] == "xread" and "b" in c["flags"] for c in sync_redis().client_list()):
             assert time.monotonic() < deadline, "the read never blocked"
             await asyncio.sleep(0.01)
         await asyncio.to_thread(_turn, "turn-1", "conversation-a")
