@@ -10,15 +10,15 @@ of its own says so with the marker. The others cannot tell SQLite from PostgreSQ
 refuses them the database), so `make test` runs only these on PostgreSQL.
 
 The help center's embedding store (knowledge.embedding.PassageStore, a cache beside the
-database) is the run's own too, shared by the suite's process and every stack it starts: the
-demo help center is embedded once a run, not once a stack (unless EMBEDDING_STORE_PATH names
-another: an empty one runs without a store).
+database) is the suite's own, var/test-embeddings.sqlite3, shared by the suite's process and
+every stack it starts and kept between runs: a text's vector is the same whichever run embedded
+it, so the demo help center is embedded once, not once a stack or a run (EMBEDDING_STORE_PATH
+names another; empty, none).
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 from pathlib import Path
 
@@ -27,7 +27,7 @@ import pytest
 from launcher.postgres import PostgresServer
 
 _postgres: PostgresServer | None = None
-_embedding_store = Path(tempfile.mkdtemp(prefix="test-embeddings-"))
+EMBEDDING_STORE = Path(__file__).resolve().parent.parent / "var" / "test-embeddings.sqlite3"
 
 # pytest-django's fixtures that open Django's test database to a test.
 _DATABASE_FIXTURES = {
@@ -51,7 +51,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.hookimpl(wrapper=True)
 def pytest_load_initial_conftests(early_config, parser, args):
     global _postgres
-    os.environ.setdefault("EMBEDDING_STORE_PATH", str(_embedding_store / "embeddings.sqlite3"))
+    os.environ.setdefault("EMBEDDING_STORE_PATH", str(EMBEDDING_STORE))
     if early_config.known_args_namespace.database == "postgres":
         try:
             _postgres = PostgresServer(Path(tempfile.mkdtemp(prefix="test-postgres-")))
@@ -89,7 +89,6 @@ def pytest_report_header(config: pytest.Config) -> str:
 def pytest_unconfigure(config):
     if _postgres is not None:
         _postgres.stop()
-    shutil.rmtree(_embedding_store, ignore_errors=True)
 
 
 def postgres_server() -> PostgresServer | None:
