@@ -25,9 +25,10 @@ from pathlib import Path
 import pytest
 
 from launcher.postgres import PostgresServer
+from launcher.process import ROOT
 
 _postgres: PostgresServer | None = None
-EMBEDDING_STORE = Path(__file__).resolve().parent.parent / "var" / "test-embeddings.sqlite3"
+EMBEDDING_STORE = ROOT / "var" / "test-embeddings.sqlite3"
 
 # pytest-django's fixtures that open Django's test database to a test.
 _DATABASE_FIXTURES = {
